@@ -1,0 +1,7 @@
+"""Attention backends behind one interface (see base.py)."""
+
+from __future__ import annotations
+
+from .base import AttentionBackend, ForwardInfo, create_attention_backend
+
+__all__ = ["AttentionBackend", "ForwardInfo", "create_attention_backend"]

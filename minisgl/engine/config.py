@@ -1,0 +1,43 @@
+"""EngineConfig: everything the engine needs to be built, with defaults explained."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None  # hub id or local folder; None: the embedded default model
+    device: str = "auto"  # auto: CUDA when present, else CPU
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
+    dummy_weights: bool = False  # random weights of the real shapes (benchmarks)
+    page_size: int = 16  # tokens per KV page
+    num_pages: int | None = None  # None: sized from free memory
+    # share of free device memory (after weights) given to the KV cache on CUDA; the rest
+    # is headroom for activations, logits and CUDA graphs
+    mem_fraction: float = 0.85
+    # on CPU the pool never needs more than max_running_requests * max_seq_len tokens and
+    # never takes more than this share of available RAM
+    cpu_mem_fraction: float = 0.25
+    max_running_requests: int = 256
+    max_seq_len: int | None = None  # None: the model's max_position_embeddings
+    attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    seed: int = 0  # seed of --dummy-weights
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = torch.device(self.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for but torch sees no CUDA device")
+        return device
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+        if self.dtype not in dtypes:
+            raise ValueError(f"unknown dtype {self.dtype!r}; choose auto, {', '.join(dtypes)}")
+        return dtypes[self.dtype]

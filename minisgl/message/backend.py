@@ -1,0 +1,44 @@
+"""Messages into the scheduler (sent by the tokenizer worker).
+
+UserMsg creates a request's scheduler state; AbortBackendMsg removes it wherever it is;
+StateQueryMsg asks for the live counts shown by /debug/lifecycle; ExitMsg stops the loop.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+from minisgl.core import SamplingParams
+
+from .codec import pack_ids, unpack_ids
+
+
+class UserMsg(msgspec.Struct, tag=True):
+    uid: int
+    input_ids_packed: bytes  # int32 array, see codec.pack_ids
+    sampling_params: SamplingParams
+
+    @classmethod
+    def make(cls, uid: int, input_ids: list[int], params: SamplingParams) -> UserMsg:
+        return cls(uid, pack_ids(input_ids), params)
+
+    @property
+    def input_ids(self) -> list[int]:
+        return unpack_ids(self.input_ids_packed)
+
+
+class AbortBackendMsg(msgspec.Struct, tag=True):
+    uid: int
+
+
+class StateQueryMsg(msgspec.Struct, tag=True):
+    query_id: int
+
+
+class ExitMsg(msgspec.Struct, tag=True):
+    pass
+
+
+BackendMsg = Union[UserMsg, AbortBackendMsg, StateQueryMsg, ExitMsg]

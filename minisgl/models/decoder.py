@@ -1,0 +1,182 @@
+"""The decoder-only transformer shared by Llama (SmolLM2, Llama 3), Qwen2 and Qwen3.
+
+Contract: `CausalLM.forward(input_ids, positions, attn)` runs the T tokens of one step
+(all requests flattened, no padding) and returns hidden states (T, hidden). The model does
+not know about requests or pages: the `attn` context it is handed stores K/V and computes
+attention for each layer. `CausalLM.logits(hidden)` turns selected rows into (B, vocab)
+float32 logits. Parameter names follow Hugging Face's, except that q/k/v and gate/up are
+fused; `load_weights` maps the Hugging Face names onto the fused parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .layers import GatedMLP, RMSNorm, RotaryEmbedding
+
+
+class AttentionContext(Protocol):
+    """What a layer needs from the engine for one step (see minisgl.attention)."""
+
+    def attention(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor: ...
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        if config.qk_norm:  # Qwen3 normalises each head of q and k before RoPE
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
+        self.qk_norm = config.qk_norm
+        self.rotary = [rotary]  # shared table; a list keeps it out of this module's state
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        T = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(T, self.num_heads, self.head_dim)
+        k = k.view(T, self.num_kv_heads, self.head_dim)
+        v = v.view(T, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary[0](positions, q, k)
+        out = attn.attention(self.layer_id, q, k, v)  # (T, H, D)
+        return self.o_proj(out.reshape(T, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_id, rotary)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, self.rotary) for i in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # (T, hidden)
+        for layer in self.layers:
+            x = layer(x, positions, attn)
+        return self.norm(x)
+
+
+# Hugging Face parameter name fragment -> (our fused parameter, shard index)
+_FUSED = {
+    ".q_proj.": (".qkv_proj.", 0),
+    ".k_proj.": (".qkv_proj.", 1),
+    ".v_proj.": (".qkv_proj.", 2),
+    ".gate_proj.": (".gate_up_proj.", 0),
+    ".up_proj.": (".gate_up_proj.", 1),
+}
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the embedding with the LM head; moving a model off "meta" unties them."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, attn)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()  # (B, vocab)
+
+    def _shard_sizes(self, fused_name: str) -> list[int]:
+        c = self.config
+        if "qkv_proj" in fused_name:
+            return [c.q_size, c.kv_size, c.kv_size]
+        return [c.intermediate_size, c.intermediate_size]
+
+    def _expected_keys(self) -> set[str]:
+        """One key per plain parameter, one per shard of a fused parameter."""
+        keys = set()
+        for name, _ in self.named_parameters():  # a tied lm_head shares the embedding
+            if ".qkv_proj." in name or ".gate_up_proj." in name:
+                keys.update(f"{name}#{s}" for s in range(len(self._shard_sizes(name))))
+            else:
+                keys.add(name)
+        return keys
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face-named tensors into our parameters; every parameter must be set."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb" in name or (
+                name == "lm_head.weight" and self.config.tie_word_embeddings
+            ):
+                continue
+            fused = next(((f, t) for f, t in _FUSED.items() if f in name), None)
+            if fused is None:
+                param = _lookup(params, name, name)
+                view, key = param, name
+            else:
+                fragment, (fused_fragment, shard) = fused
+                target = name.replace(fragment, fused_fragment)
+                sizes = self._shard_sizes(target)
+                offset = sum(sizes[:shard])
+                view = _lookup(params, target, name)[offset : offset + sizes[shard]]
+                key = f"{target}#{shard}"
+            if view.shape != tensor.shape:
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(view.shape)}"
+                )
+            view.copy_(tensor)
+            loaded.add(key)
+        missing = self._expected_keys() - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+
+
+def _lookup(params: dict[str, nn.Parameter], target: str, source: str) -> nn.Parameter:
+    try:
+        return params[target]
+    except KeyError:
+        raise ValueError(f"checkpoint weight {source!r} has no place in the model") from None

@@ -1,0 +1,54 @@
+"""DecodeManager: requests whose prompt is cached and that produce one token per step.
+
+Contract: `running` holds them in admission order. `schedule_next(cache, evict)` gives each
+a page for its next token; when the pool runs dry it preempts the most recently admitted
+requests (`evict` frees a victim's pages and slot; the victim is recomputed later) and returns
+them. `abort_req(uid)` removes and returns a running request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from minisgl.core import Req
+
+from .cache import CacheManager
+
+
+class DecodeManager:
+    def __init__(self) -> None:
+        self.running: dict[int, Req] = {}  # uid -> req, in admission order
+
+    def __len__(self) -> int:
+        return len(self.running)
+
+    @property
+    def runnable(self) -> bool:
+        return bool(self.running)
+
+    def add_req(self, req: Req) -> None:
+        self.running[req.uid] = req
+
+    def remove_req(self, req: Req) -> None:
+        self.running.pop(req.uid, None)
+
+    def abort_req(self, uid: int) -> Req | None:
+        return self.running.pop(uid, None)
+
+    def schedule_next(
+        self, cache: CacheManager, evict: Callable[[Req], None]
+    ) -> tuple[list[Req], list[Req]]:
+        """Return (requests decoding this step, requests preempted to make room)."""
+        reqs = list(self.running.values())
+        needed = sum(cache.pages_needed(r, r.cached_len + 1) for r in reqs)
+        preempted: list[Req] = []
+        while needed > cache.available and len(reqs) > 1:
+            victim = reqs.pop()  # newest first: the oldest requests keep making progress
+            needed -= cache.pages_needed(victim, victim.cached_len + 1)
+            del self.running[victim.uid]
+            evict(victim)
+            preempted.append(victim)
+        for req in reqs:
+            cache.grow(req, req.cached_len + 1)
+            req.extend_len = 1
+        return reqs, preempted

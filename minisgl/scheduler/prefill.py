@@ -1,0 +1,75 @@
+"""PrefillManager: requests whose tokens are not all in the KV cache yet.
+
+Contract: holds admitted-but-not-running requests in arrival order: new ones, the one whose
+prompt is being prefilled chunk by chunk, and preempted ones (put back at the front).
+`schedule_next(budget, ...)` picks, in order, as many as fit under the token budget, the free
+table slots and the free pages, and sets each one's `extend_len`; a request that is only
+partly prefilled stays at the front. `abort_req(uid)` removes a request wherever it is in the
+queue and returns it, so the caller can free the slot and pages a partial prefill holds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from minisgl.core import Req
+
+from .cache import CacheManager
+from .table import TableManager
+
+
+class PrefillManager:
+    def __init__(self) -> None:
+        self.pending: deque[Req] = deque()
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    @property
+    def runnable(self) -> bool:
+        return bool(self.pending)
+
+    def add_req(self, req: Req) -> None:
+        self.pending.append(req)
+
+    def readmit(self, reqs: Iterable[Req]) -> None:
+        """Preempted requests go back to the front, oldest first."""
+        for req in reversed(list(reqs)):
+            self.pending.appendleft(req)
+
+    def abort_req(self, uid: int) -> Req | None:
+        for req in self.pending:
+            if req.uid == uid:
+                self.pending.remove(req)
+                return req
+        return None
+
+    def schedule_next(
+        self, budget: int, table: TableManager, cache: CacheManager, keep_free: int
+    ) -> list[Req]:
+        """Pick prefill chunks; `keep_free` pages stay free for running requests to grow."""
+        chosen: list[Req] = []
+        ps = cache.page_size
+        for req in self.pending:
+            if budget <= 0:
+                break
+            if req.table_idx < 0 and table.available == 0:
+                break
+            # room in the request's last page plus whole free pages it may take
+            room = len(req.pages) * ps - req.cached_len + max(0, cache.available - keep_free) * ps
+            chunk = min(budget, req.uncached_len, room)
+            if chunk <= 0:
+                break
+            if req.table_idx < 0:
+                req.table_idx = table.allocate()
+            cache.grow(req, req.cached_len + chunk)
+            req.extend_len = chunk
+            budget -= chunk
+            chosen.append(req)
+            if chunk < req.uncached_len:
+                break  # partly prefilled: it stays first in line for the next step
+        for req in chosen:
+            if req.extend_len == req.uncached_len:
+                self.pending.remove(req)
+        return chosen

@@ -1,0 +1,203 @@
+"""Scheduler: admits requests by uid, batches them continuously, and answers once per step.
+
+Contract (the message-shaped interface the server drives):
+- `process_msg(msg)` takes one incoming message. A `UserMsg` is validated first: an empty
+  prompt, one that leaves no room to generate, a bad token id or bad sampling values are
+  answered at once with a `BackendErrorMsg` for that uid, never dropped. `AbortBackendMsg`
+  removes the request wherever it is (waiting, mid-chunked-prefill, decoding) and frees its
+  slot and pages; a uid the scheduler does not know is ignored (it may have just finished).
+- `step()` runs one forward pass over every decoding request plus as many prefill chunks as
+  the token budget allows, and returns one `DetokenizeMsg` per request that produced a
+  token; the last one of a request carries its finish_reason and its resources are already
+  free when it is returned.
+- `run_forever(io)` is the process loop: receive, step, send.
+
+Scheduler state per uid lives in exactly one of the prefill manager (waiting or partly
+prefilled) and the decode manager (running), and is removed on finish, abort and error.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Protocol
+
+from minisgl.core import Batch, Req
+from minisgl.engine import Engine
+from minisgl.message import (
+    AbortBackendMsg,
+    BackendErrorMsg,
+    BackendMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    SchedulerStateMsg,
+    StateQueryMsg,
+    TokenizerMsg,
+    UserMsg,
+)
+
+from .cache import CacheManager
+from .decode import DecodeManager
+from .prefill import PrefillManager
+from .table import TableManager
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerIO(Protocol):
+    def receive(self, blocking: bool) -> list[BackendMsg]: ...
+
+    def send(self, replies: list[TokenizerMsg]) -> None: ...
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_prefill_tokens: int = 8192) -> None:
+        self.engine = engine
+        self.max_prefill_tokens = max_prefill_tokens
+        self.table_manager = TableManager(engine.config.max_running_requests)
+        self.cache_manager = CacheManager(engine.num_pages, engine.page_size, engine.page_table)
+        self.prefill_manager = PrefillManager()
+        self.decode_manager = DecodeManager()
+        self.eos_token_ids = engine.model_config.eos_token_ids
+        self._seeds = random.SystemRandom()
+
+    # ------------------------------------------------------------------ messages
+    @property
+    def has_work(self) -> bool:
+        return self.prefill_manager.runnable or self.decode_manager.runnable
+
+    def state(self) -> dict[str, int]:
+        return {
+            "pending": len(self.prefill_manager),
+            "running": len(self.decode_manager),
+            "table_slots_used": self.table_manager.used,
+            "kv_pages_used": self.cache_manager.used,
+            "kv_pages_total": self.cache_manager.total,
+        }
+
+    def process_msg(self, msg: BackendMsg) -> list[TokenizerMsg]:
+        if isinstance(msg, UserMsg):
+            error = self._admit(msg)
+            return [error] if error else []
+        if isinstance(msg, AbortBackendMsg):
+            self.abort_req(msg.uid)
+            return []
+        if isinstance(msg, StateQueryMsg):
+            return [SchedulerStateMsg(msg.query_id, self.state())]
+        raise TypeError(f"scheduler cannot handle {type(msg).__name__}")
+
+    # --8<-- [start:validate]
+    def _admit(self, msg: UserMsg) -> BackendErrorMsg | None:
+        ids, params = msg.input_ids, msg.sampling_params
+        max_seq_len, vocab = self.engine.max_seq_len, self.engine.model_config.vocab_size
+        if not ids:
+            return BackendErrorMsg(msg.uid, "the prompt is empty", param="messages")
+        if len(ids) >= max_seq_len:
+            return BackendErrorMsg(
+                msg.uid,
+                f"the prompt has {len(ids)} tokens, but this server's context is "
+                f"{max_seq_len} tokens and at least one must be left to generate; "
+                "shorten the prompt",
+                code="context_length_exceeded",
+                param="messages",
+            )
+        if (problem := params.validate()) is not None:
+            param, message = problem
+            return BackendErrorMsg(msg.uid, message, param=param)
+        if min(ids) < 0 or max(ids) >= vocab:
+            return BackendErrorMsg(msg.uid, f"token ids must be in [0, {vocab})", param="prompt")
+        # more than the room left is clamped; hitting the clamp is finish_reason "length"
+        room = max_seq_len - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
+        req = Req(
+            uid=msg.uid,
+            token_ids=ids,
+            prompt_len=len(ids),
+            max_len=len(ids) + max_tokens,
+            sampling_params=params,
+            seed=seed,
+            eos_token_ids=self.eos_token_ids,
+        )
+        self.prefill_manager.add_req(req)
+        return None
+    # --8<-- [end:validate]
+
+    # --8<-- [start:abort_req]
+    def abort_req(self, uid: int) -> Req | None:
+        req = self.prefill_manager.abort_req(uid) or self.decode_manager.abort_req(uid)
+        if req is not None:
+            self._free_req_resources(req)
+        return req
+
+    def _free_req_resources(self, req: Req) -> None:
+        """Give back a request's pages and slot; it may be readmitted from scratch later."""
+        if req.table_idx >= 0:
+            self.cache_manager.release(req)
+            self.table_manager.free(req.table_idx)
+            req.table_idx = -1
+        req.cached_len = 0
+        req.extend_len = 0
+    # --8<-- [end:abort_req]
+
+    # ------------------------------------------------------------------ one step
+    # --8<-- [start:step]
+    def step(self) -> list[TokenizerMsg]:
+        batch = self._schedule_next_batch()
+        if batch is None:
+            return []
+        sampling = batch.sampling_reqs  # decided before cached_len moves
+        tokens = self.engine.forward(batch)
+        for req in batch.reqs:
+            req.cached_len += req.extend_len
+            req.extend_len = 0
+        replies: list[TokenizerMsg] = []
+        for req, token in zip(sampling, tokens, strict=True):
+            req.append_token(token)
+            replies.append(DetokenizeMsg(req.uid, token, req.finish_reason))
+            if req.finish_reason is not None:
+                self.decode_manager.remove_req(req)
+                self._free_req_resources(req)
+            elif req.uid not in self.decode_manager.running:
+                self.decode_manager.add_req(req)  # its prompt is now cached: it decodes
+        return replies
+
+    def _schedule_next_batch(self) -> Batch | None:
+        self._make_room_for_decode()
+        decode, preempted = self.decode_manager.schedule_next(
+            self.cache_manager, self._free_req_resources
+        )
+        if preempted:
+            logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
+            self.prefill_manager.readmit(preempted)
+        prefill = self.prefill_manager.schedule_next(
+            self.max_prefill_tokens, self.table_manager, self.cache_manager, keep_free=len(decode)
+        )
+        reqs = decode + prefill
+        return Batch(reqs) if reqs else None
+    # --8<-- [end:step]
+
+    def _make_room_for_decode(self) -> None:
+        """Partly prefilled requests are the newest holders of pages: if running requests
+        cannot all grow by one token, those give their pages back first."""
+        cache = self.cache_manager
+        needed = sum(
+            cache.pages_needed(r, r.cached_len + 1) for r in self.decode_manager.running.values()
+        )
+        for req in reversed(self.prefill_manager.pending):
+            if needed <= cache.available:
+                break
+            if req.pages:
+                self._free_req_resources(req)
+
+    # ------------------------------------------------------------------ process loop
+    def run_forever(self, io: SchedulerIO) -> None:
+        while True:
+            replies: list[TokenizerMsg] = []
+            for msg in io.receive(blocking=not self.has_work):
+                if isinstance(msg, ExitMsg):
+                    return
+                replies += self.process_msg(msg)
+            replies += self.step()
+            if replies:
+                io.send(replies)

@@ -1,0 +1,37 @@
+"""Tokenizer loading and prompt building.
+
+Contract: `load_tokenizer(model_dir)` returns a Hugging Face fast tokenizer from a model
+folder. `build_prompt_ids(tokenizer, prompt)` turns what a user sent (plain text, chat
+messages, or token ids) into prompt token ids: chat messages go through the model's chat
+template with the generation prompt appended; plain text is encoded as is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+Prompt = str | list[int] | list[dict[str, Any]]
+
+
+def load_tokenizer(model_dir: str | Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def build_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt, add_special_tokens=True)
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)  # type: ignore[arg-type]
+    if prompt and all(isinstance(m, dict) for m in prompt):
+        if tokenizer.chat_template is None:
+            raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
+        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+    if not prompt:
+        return []
+    raise TypeError("a prompt is a string, a list of token ids or a list of chat messages")

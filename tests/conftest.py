@@ -1,0 +1,36 @@
+"""Shared fixtures: tiny checkpoints per family (built once per session) and markers."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py and friends
+
+ARCHS = ["llama", "qwen2", "qwen3"]
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    from tiny import make_checkpoint
+
+    return {a: make_checkpoint(a, tmp_path_factory.mktemp(f"tiny-{a}")) for a in ARCHS}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_threads():
+    # two cores: keep torch from oversubscribing when tests start subprocesses
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
