@@ -52,7 +52,9 @@ class LLM:
         max_prefill_tokens: int = 8192,
         **engine_options,
     ) -> None:
-        self.engine = Engine(EngineConfig(model=model, device=device, dtype=dtype, **engine_options))
+        self.engine = Engine(
+            EngineConfig(model=model, device=device, dtype=dtype, **engine_options)
+        )
         self.scheduler = Scheduler(self.engine, max_prefill_tokens=max_prefill_tokens)
         self.tokenizer = load_tokenizer(self.engine.model_dir)
         self._uids = itertools.count()
@@ -75,14 +77,15 @@ class LLM:
     ) -> Iterator[StreamEvent]:
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
-        detok = DetokenizeManager(self.tokenizer)
+        detok = DetokenizeManager(self.tokenizer) if self.tokenizer else None
         live: dict[int, tuple[int, RequestOutput]] = {}  # uid -> (index, output)
         try:
             for index, (prompt, params) in enumerate(zip(prompt_list, params_list)):
                 uid = next(self._uids)
                 ids = build_prompt_ids(self.tokenizer, prompt)
                 live[uid] = (index, RequestOutput(prompt_token_ids=ids))
-                detok.add(uid)
+                if detok:
+                    detok.add(uid)
                 for reply in self.scheduler.process_msg(UserMsg.make(uid, ids, params)):
                     yield from self._apply([reply], live, detok)
             while live:
@@ -92,12 +95,14 @@ class LLM:
                 self.scheduler.abort_req(uid)
 
     def _apply(self, replies, live, detok) -> Iterator[StreamEvent]:
-        texts = iter(detok.feed([r for r in replies if isinstance(r, DetokenizeMsg)]))
+        tokens = [r for r in replies if isinstance(r, DetokenizeMsg)]
+        texts = iter(detok.feed(tokens) if detok else [None] * len(tokens))
         for reply in replies:
             index, output = live[reply.uid]
             if isinstance(reply, BackendErrorMsg):
                 output.error = reply.message
-                detok.remove(reply.uid)
+                if detok:
+                    detok.remove(reply.uid)
                 text = ""
             else:
                 text = next(texts) or ""

@@ -70,7 +70,11 @@ class Engine:
         self.sampler = Sampler(self.model_config.vocab_size, self.device)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, max_seq_len %d",
-            self.model_dir.name, self.device, self.dtype, self.num_pages, self.page_size,
+            self.model_dir.name,
+            self.device,
+            self.dtype,
+            self.num_pages,
+            self.page_size,
             self.max_seq_len,
         )
 
@@ -89,7 +93,9 @@ class Engine:
 
     def _pages_from_memory(self) -> int:
         c = self.model_config
-        per_token = KVCachePool.bytes_per_token(c.num_layers, c.num_kv_heads, c.head_dim, self.dtype)
+        per_token = KVCachePool.bytes_per_token(
+            c.num_layers, c.num_kv_heads, c.head_dim, self.dtype
+        )
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             budget = int(free * self.config.mem_fraction)
@@ -137,17 +143,22 @@ class Engine:
         return input_ids, info, last_tok.to(dev, non_blocking=True)
 
     @torch.inference_mode()
-    def forward(self, batch: Batch) -> list[int]:
+    def logits(self, batch: Batch) -> torch.Tensor:
+        """Run the step; (B_s, vocab) float32 logits of the requests that sample."""
         input_ids, info, last_tok = self._forward_info(batch)
         meta = self.attn_backend.prepare(info)
         ctx = _StepContext(self.attn_backend, meta)
         hidden = self.model(input_ids, info.positions, ctx)  # (T, hidden)
+        return self.model.logits(hidden[last_tok])
+
+    @torch.inference_mode()
+    def forward(self, batch: Batch) -> list[int]:
+        """Run the step; the sampled token of each request that samples, in batch order."""
+        logits = self.logits(batch)
         sampling = batch.sampling_reqs
         if not sampling:
             return []
-        logits = self.model.logits(hidden[last_tok])  # (B_s, vocab)
-        tokens = self.sampler.sample(logits, self.sampler.prepare(sampling))
-        return tokens.tolist()
+        return self.sampler.sample(logits, self.sampler.prepare(sampling)).tolist()
 
 
 class _StepContext:

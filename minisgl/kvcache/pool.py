@@ -37,7 +37,9 @@ class KVCachePool:
         self.scratch_slot = num_pages * page_size
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
 
     def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

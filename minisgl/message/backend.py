@@ -6,8 +6,6 @@ StateQueryMsg asks for the live counts shown by /debug/lifecycle; ExitMsg stops 
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 from minisgl.core import SamplingParams
@@ -41,4 +39,4 @@ class ExitMsg(msgspec.Struct, tag=True):
     pass
 
 
-BackendMsg = Union[UserMsg, AbortBackendMsg, StateQueryMsg, ExitMsg]
+BackendMsg = UserMsg | AbortBackendMsg | StateQueryMsg | ExitMsg

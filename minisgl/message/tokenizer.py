@@ -8,8 +8,6 @@ SchedulerStateMsg (the answer to a StateQueryMsg).
 
 from __future__ import annotations
 
-from typing import Union
-
 import msgspec
 
 
@@ -32,4 +30,4 @@ class SchedulerStateMsg(msgspec.Struct, tag=True):
     state: dict[str, int]
 
 
-TokenizerMsg = Union[DetokenizeMsg, BackendErrorMsg, SchedulerStateMsg]
+TokenizerMsg = DetokenizeMsg | BackendErrorMsg | SchedulerStateMsg

@@ -79,9 +79,7 @@ class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.rotary = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope
-        )
+        self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope)
         self.layers = nn.ModuleList(
             DecoderLayer(config, i, self.rotary) for i in range(config.num_layers)
         )

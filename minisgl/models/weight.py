@@ -29,7 +29,9 @@ def resolve_model_dir(model: str | Path | None) -> Path:
             raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
         return path
     if path.suffix == ".gguf":
-        raise ValueError(f"{path}: pass a model folder or hub id; GGUF is used for the default model only")
+        raise ValueError(
+            f"{path}: pass a model folder or hub id; GGUF is used for the default model only"
+        )
     from huggingface_hub import snapshot_download
 
     try:

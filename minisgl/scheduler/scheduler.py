@@ -60,6 +60,7 @@ class Scheduler:
         self.decode_manager = DecodeManager()
         self.eos_token_ids = engine.model_config.eos_token_ids
         self._seeds = random.SystemRandom()
+        self.num_preemptions = 0  # requests evicted for recompute since start
 
     # ------------------------------------------------------------------ messages
     @property
@@ -121,6 +122,7 @@ class Scheduler:
         )
         self.prefill_manager.add_req(req)
         return None
+
     # --8<-- [end:validate]
 
     # --8<-- [start:abort_req]
@@ -138,6 +140,7 @@ class Scheduler:
             req.table_idx = -1
         req.cached_len = 0
         req.extend_len = 0
+
     # --8<-- [end:abort_req]
 
     # ------------------------------------------------------------------ one step
@@ -168,6 +171,7 @@ class Scheduler:
             self.cache_manager, self._free_req_resources
         )
         if preempted:
+            self.num_preemptions += len(preempted)
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
@@ -175,6 +179,7 @@ class Scheduler:
         )
         reqs = decode + prefill
         return Batch(reqs) if reqs else None
+
     # --8<-- [end:step]
 
     def _make_room_for_decode(self) -> None:

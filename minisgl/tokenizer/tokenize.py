@@ -1,7 +1,8 @@
 """Tokenizer loading and prompt building.
 
 Contract: `load_tokenizer(model_dir)` returns a Hugging Face fast tokenizer from a model
-folder. `build_prompt_ids(tokenizer, prompt)` turns what a user sent (plain text, chat
+folder, or None when the folder has no tokenizer (a bare config for --dummy-weights
+benchmarks: such a model takes token ids only). `build_prompt_ids(tokenizer, prompt)` turns what a user sent (plain text, chat
 messages, or token ids) into prompt token ids: chat messages go through the model's chat
 template with the generation prompt appended; plain text is encoded as is.
 """
@@ -14,13 +15,21 @@ from typing import Any
 Prompt = str | list[int] | list[dict[str, Any]]
 
 
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
+    model_dir = Path(model_dir)
+    if not any((model_dir / name).exists() for name in _TOKENIZER_FILES):
+        return None
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def build_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
+    if tokenizer is None and not all(isinstance(t, int) for t in prompt):
+        raise ValueError("this model folder has no tokenizer: give prompts as token ids")
     if isinstance(prompt, str):
         return tokenizer.encode(prompt, add_special_tokens=True)
     if prompt and all(isinstance(t, int) for t in prompt):
@@ -29,7 +38,9 @@ def build_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
         if tokenizer.chat_template is None:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
         ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # transformers 5 returns BatchEncoding
+        if isinstance(ids, dict) or hasattr(
+            ids, "input_ids"
+        ):  # transformers 5 returns BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
     if not prompt:

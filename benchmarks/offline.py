@@ -1,0 +1,350 @@
+"""Offline throughput: minisgl's engine against transformers' batched `generate`.
+
+The workload is nano-vllm's / mini-sglang's offline benchmark: `random.seed(0)`, then
+`--num-seqs` prompts of random token ids in [0, 10000] with lengths uniform in
+[--min-len, --max-len], then one `max_tokens` per request uniform in the same range; EOS
+ignored, greedy. The figure is output tokens / wall seconds (CUDA-synchronised on a GPU).
+
+Both engines run the same requests with the same weights in one process: our engine first,
+then transformers, built from the same config.json with every tensor copied out of our
+engine (so random `--dummy-weights` are shared exactly, and real weights too). Run from the
+repository root:
+
+    python benchmarks/offline.py --num-seqs 16 --min-len 32 --max-len 128     # CPU
+    python benchmarks/offline.py --config qwen3-0.6b --dummy-weights          # GPU, full size
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
+
+from minisgl import LLM, SamplingParams  # noqa: E402
+from minisgl.models import ModelConfig  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+CPU_BASELINE_BATCH = 16  # see auto_batch_size
+
+
+@dataclass
+class Result:
+    engine: str
+    requests: int
+    input_tokens: int
+    output_tokens: int  # tokens the requests asked for and got (the useful output)
+    seconds: float
+    generated_tokens: int  # all tokens produced, including those a batch made past a request's max_tokens
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+# ---------------------------------------------------------------------------- workload
+def make_workload(num_seqs: int, min_len: int, max_len: int) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's bench.py order: every prompt first, then every max_tokens."""
+    random.seed(0)
+    prompts = [
+        [random.randint(0, 10000) for _ in range(random.randint(min_len, max_len))]
+        for _ in range(num_seqs)
+    ]
+    max_tokens = [random.randint(min_len, max_len) for _ in range(num_seqs)]
+    return prompts, max_tokens
+
+
+def greedy_params(max_tokens: list[int]) -> list[SamplingParams]:
+    return [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in max_tokens]
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------- our engine
+def run_minisgl(llm: LLM, prompts: list[list[int]], max_tokens: list[int]):
+    device = llm.engine.device
+    sync(device)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, greedy_params(max_tokens))
+    sync(device)
+    seconds = time.perf_counter() - start
+    produced = sum(len(o.token_ids) for o in outputs)
+    result = Result("minisgl", len(prompts), sum(map(len, prompts)), produced, seconds, produced)
+    return result, [o.token_ids for o in outputs], outputs
+
+
+def sanity_failures(outputs, max_tokens: list[int]) -> list[str]:
+    """Every request must end by length with exactly its max_tokens tokens."""
+    bad = []
+    for i, (out, n) in enumerate(zip(outputs, max_tokens)):
+        if out.error is not None:
+            bad.append(f"request {i}: error {out.error!r}")
+        elif len(out.token_ids) != n or out.finish_reason != "length":
+            bad.append(f"request {i}: {len(out.token_ids)} tokens ({out.finish_reason}), asked {n}")
+    return bad
+
+
+def hf_state_dict(llm: LLM) -> dict[str, torch.Tensor]:
+    """Our parameters under Hugging Face names: fused q/k/v and gate/up split back apart.
+    The tensors are views of the engine's weights (no copy)."""
+    cfg = llm.engine.model_config
+    fused = {
+        ".qkv_proj.": ([".q_proj.", ".k_proj.", ".v_proj."], [cfg.q_size, cfg.kv_size, cfg.kv_size]),
+        ".gate_up_proj.": ([".gate_proj.", ".up_proj."], [cfg.intermediate_size] * 2),
+    }
+    out: dict[str, torch.Tensor] = {}
+    for name, param in llm.engine.model.named_parameters():  # a tied lm_head appears once
+        for ours, (theirs, sizes) in fused.items():
+            if ours in name:
+                for part, tensor in zip(theirs, param.detach().split(sizes, dim=0)):
+                    out[name.replace(ours, part)] = tensor
+                break
+        else:
+            out[name] = param.detach()
+    if cfg.tie_word_embeddings:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
+# ---------------------------------------------------------------------------- transformers
+def build_hf_model(model_dir: Path, weights: dict[str, torch.Tensor], dtype, device):
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    model.load_state_dict(weights, strict=True)  # every tensor is ours: none stays random
+    # No EOS at all (not min_new_tokens, which would mask the EOS logit and so change greedy
+    # picks): every row runs exactly max_new_tokens, like ignore_eos in our engine.
+    model.generation_config = GenerationConfig(
+        do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=None
+    )
+    return model.eval()
+
+
+def auto_batch_size(cfg: ModelConfig, prompts, max_tokens, dtype, device) -> int:
+    """All requests in one batch where memory allows. On a GPU that is transformers' best
+    case (one decode loop, host overhead paid once per step); the cap keeps the padded KV
+    cache and the prefill activations under 70% of free memory. On a CPU the matmuls are
+    already compute-bound at a few rows, so bigger batches only add padding waste: 16."""
+    n = len(prompts)
+    prompt_len, new = max(map(len, prompts)), max(max_tokens)
+    elem = dtype.itemsize
+    kv = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * elem * (prompt_len + new)
+    prefill = prompt_len * (6 * cfg.hidden_size + 3 * cfg.intermediate_size) * elem
+    scores = cfg.num_heads * prompt_len * prompt_len * elem  # if sdpa falls back to math
+    logits = cfg.vocab_size * 4 * 2
+    per_request = kv + prefill + scores + logits
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return max(1, min(n, int(0.7 * free) // per_request))
+    from minisgl.engine.engine import _available_ram
+
+    return max(1, min(n, CPU_BASELINE_BATCH, int(0.5 * _available_ram()) // per_request))
+
+
+def run_transformers(model, prompts, max_tokens, batch_size: int, device):
+    """Static batching as transformers does it. Requests are sorted by max_tokens and cut into
+    batches of `batch_size`, which keeps each batch's spread of max_tokens small (the order
+    our engine never needs). A batch runs max(max_tokens) steps for all its rows (generate
+    has one length per batch); each row is then cut to its own max_tokens, and only those
+    tokens count as output: the rest is the waste of static batching, reported separately
+    as generated_tokens. Prompts are left-padded with an attention mask."""
+    order = sorted(range(len(prompts)), key=lambda i: max_tokens[i])
+    outputs: list[list[int]] = [[] for _ in prompts]
+    generated = 0
+    sync(device)
+    start = time.perf_counter()
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)
+        mask = torch.zeros(len(idx), width, dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
+        new = max(max_tokens[i] for i in idx)
+        with torch.inference_mode():
+            seqs = model.generate(
+                input_ids=ids.to(device), attention_mask=mask.to(device),
+                max_new_tokens=new, do_sample=False,
+            )
+        seqs = seqs[:, width:].tolist()  # the .tolist() syncs: the batch is done
+        for row, i in enumerate(idx):
+            outputs[i] = seqs[row][: max_tokens[i]]
+            generated += len(seqs[row])
+    sync(device)
+    seconds = time.perf_counter() - start
+    useful = sum(map(len, outputs))
+    result = Result("transformers", len(prompts), sum(map(len, prompts)), useful, seconds, generated)
+    return result, outputs
+
+
+# ---------------------------------------------------------------------------- report
+def compare(ours: list[list[int]], theirs: list[list[int]]) -> dict:
+    """How many requests match exactly, and where the others first differ."""
+    diverged = {}
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            first = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            diverged[i] = first
+    return {"requests": len(ours), "exact": len(ours) - len(diverged), "first_diff": diverged}
+
+
+def print_table(results: list[Result]) -> None:
+    head = f"{'engine':<13}{'requests':>9}{'input tok':>11}{'output tok':>12}{'seconds':>10}{'output tok/s':>14}"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        print(
+            f"{r.engine:<13}{r.requests:>9}{r.input_tokens:>11}{r.output_tokens:>12}"
+            f"{r.seconds:>10.2f}{r.tok_per_s:>14.1f}"
+        )
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
+    src.add_argument("--config", default=None, help="a config shipped in benchmarks/configs/ "
+                     "(e.g. qwen3-0.6b): a config-only folder, so random weights")
+    p.add_argument("--dummy-weights", action="store_true", help="random weights of the real shapes")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--num-seqs", type=int, default=256)
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--max-running-requests", type=int, default=256)
+    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--num-pages", type=int, default=None, help="KV pages (default: from memory)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="engine context (default: 2 * --max-len, the longest request)")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--baseline", default="transformers", choices=["transformers", "none"])
+    p.add_argument("--baseline-batch-size", type=int, default=None,
+                   help="transformers batch (default: all requests where memory allows; 16 on CPU)")
+    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
+                   help="a short untimed run of a few requests first (default on)")
+    p.add_argument("--check", type=int, nargs="?", const=4, default=0, metavar="N",
+                   help="compare greedy tokens with transformers' for the first N (4) requests; float32 only")
+    p.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+    args = p.parse_args(argv)
+    if not 1 <= args.min_len <= args.max_len:
+        p.error("need 1 <= --min-len <= --max-len")
+    if args.config is not None:
+        folder = CONFIGS / args.config
+        if not (folder / "config.json").is_file():
+            names = sorted(d.name for d in CONFIGS.iterdir() if (d / "config.json").is_file())
+            p.error(f"no config {args.config!r}; shipped: {', '.join(names)}")
+        args.model, args.dummy_weights = str(folder), True  # no weights in that folder
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    prompts, max_tokens = make_workload(args.num_seqs, args.min_len, args.max_len)
+
+    llm = LLM(
+        model=args.model, device=args.device, dtype=args.dtype,
+        dummy_weights=args.dummy_weights, page_size=args.page_size,
+        max_running_requests=args.max_running_requests, num_pages=args.num_pages,
+        max_seq_len=args.max_seq_len or 2 * args.max_len,
+        attention_backend=args.attention_backend, max_prefill_tokens=args.max_prefill_tokens,
+    )
+    engine = llm.engine
+    device, dtype, model_dir, cfg = engine.device, engine.dtype, engine.model_dir, engine.model_config
+    print(
+        f"model {model_dir.name} ({'random' if args.dummy_weights else 'real'} weights) on "
+        f"{device}, {str(dtype).removeprefix('torch.')}, attention {type(engine.attn_backend).__name__}, "
+        f"{engine.num_pages} KV pages of {engine.page_size}; {len(prompts)} requests, "
+        f"lengths {args.min_len}..{args.max_len}"
+    )
+    # warm-up requests come from their own generator: the workload stays nano-vllm's
+    rng = random.Random(1)
+    warm_prompts = [[rng.randint(0, 10000) for _ in range(args.min_len)] for _ in range(4)]
+    warm_tokens = [min(8, args.max_len)] * 4
+
+    if args.warmup:
+        llm.generate(warm_prompts, greedy_params(warm_tokens))
+    ours, our_tokens, outputs = run_minisgl(llm, prompts, max_tokens)
+    failures = sanity_failures(outputs, max_tokens)
+
+    # Free our KV pool before transformers allocates its cache; keep only the weights.
+    weights = hf_state_dict(llm)
+    del llm, engine, outputs
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+    results, check = [ours], None
+    want_check = args.check > 0 and dtype == torch.float32
+    if args.check > 0 and not want_check:
+        print(f"--check skipped: greedy tokens are compared in float32 only (this run: {dtype})")
+    baseline_batch = None
+    if args.baseline == "transformers" or want_check:
+        hf = build_hf_model(model_dir, weights, dtype, device)
+        del weights
+        if args.baseline == "transformers":
+            baseline_batch = args.baseline_batch_size or auto_batch_size(
+                cfg, prompts, max_tokens, dtype, device
+            )
+            print(f"transformers: batches of {baseline_batch}, grouped by max_tokens")
+            if args.warmup:
+                run_transformers(hf, warm_prompts, warm_tokens, 4, device)
+            theirs, their_tokens = run_transformers(hf, prompts, max_tokens, baseline_batch, device)
+            results.append(theirs)
+        else:  # the check alone: one request at a time, no padding
+            k = args.check
+            _, their_tokens = run_transformers(hf, prompts[:k], max_tokens[:k], 1, device)
+        if want_check:
+            k = min(args.check, len(prompts))
+            check = compare(our_tokens[:k], their_tokens[:k])
+
+    print()
+    print_table(results)
+    ratio = None
+    if len(results) == 2:
+        theirs = results[1]
+        ratio = ours.tok_per_s / theirs.tok_per_s
+        waste = theirs.generated_tokens - theirs.output_tokens
+        print(
+            f"\nminisgl / transformers: {ratio:.2f}x   (transformers generated {theirs.generated_tokens} "
+            f"tokens; {waste} past a request's max_tokens are not counted)"
+        )
+    if check is not None:
+        diffs = ", ".join(f"#{i} at token {t}" for i, t in check["first_diff"].items())
+        print(f"check: {check['exact']}/{check['requests']} requests match transformers' greedy "
+              f"tokens exactly" + (f"; diverged: {diffs}" if diffs else ""))
+    if failures:
+        print(f"SANITY FAILED: {len(failures)} request(s) did not get exactly max_tokens tokens:")
+        print("\n".join("  " + f for f in failures[:10]))
+    else:
+        print(f"sanity: all {len(prompts)} requests produced exactly max_tokens tokens")
+
+    if args.json:
+        record = {
+            "args": vars(args),
+            "model": model_dir.name, "device": str(device), "dtype": str(dtype),
+            "baseline_batch_size": baseline_batch,
+            "results": [asdict(r) | {"tok_per_s": r.tok_per_s} for r in results],
+            "ratio": ratio, "check": check, "sanity_failures": failures,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

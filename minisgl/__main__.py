@@ -1,0 +1,46 @@
+"""`python -m minisgl`: serve a model, or with --prompt generate once and stream to stdout."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from minisgl.server.args import ServerArgs, parse_args
+
+
+def run_prompt(args: ServerArgs) -> int:
+    from minisgl import LLM, SamplingParams
+
+    llm = LLM.from_config(args.engine_config(), args.max_prefill_tokens)
+    messages = [{"role": "user", "content": args.prompt}]
+    prompt = messages if llm.tokenizer.chat_template else args.prompt
+    params = SamplingParams(max_tokens=args.max_tokens or 256)
+    for event in llm.stream([prompt], params):
+        sys.stdout.write(event.text)
+        sys.stdout.flush()
+        if event.output.finished:
+            end = event.output.finish_reason or f"error: {event.output.error}"
+            sys.stdout.write(f"\n[{len(event.output.token_ids)} tokens, finish_reason: {end}]\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    from minisgl.models.default_model import DefaultModelMissing
+
+    try:
+        if args.prompt is not None:
+            return run_prompt(args)
+        from minisgl.server.launch import launch_server
+
+        return launch_server(args)
+    except DefaultModelMissing as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

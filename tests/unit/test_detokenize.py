@@ -1,0 +1,82 @@
+"""Incremental detokenization never emits a broken character and loses no text."""
+
+from __future__ import annotations
+
+import pytest
+from tiny import make_tokenizer
+
+from minisgl.message import DetokenizeMsg
+from minisgl.tokenizer import DetokenizeManager
+
+TEXTS = [
+    "什么是 KV Cache？它保存注意力的键和值。",
+    "Streaming 🚀 and ✨ emoji, then 中文 and 鲸鱼 again.",
+    "plain ascii words with spaces",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_deltas_concatenate_to_the_text_and_never_hold_a_broken_character(tokenizer, text):
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > 5
+    detok = DetokenizeManager(tokenizer)
+    detok.add(7)
+    deltas = []
+    for i, token in enumerate(ids):
+        finish = "stop" if i == len(ids) - 1 else None
+        (delta,) = detok.feed([DetokenizeMsg(7, token, finish)])
+        assert delta is not None and "\ufffd" not in delta
+        deltas.append(delta)
+    assert "".join(deltas) == text
+    assert 7 not in detok.decode_map  # the finishing token removed the state
+
+
+def test_characters_split_across_tokens_are_held_back_until_complete(tokenizer):
+    text = "鲸鱼🐳"  # unseen in training: each character is several byte tokens
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) > 6
+    detok = DetokenizeManager(tokenizer)
+    detok.add(8)
+    deltas = [d for (d,) in (detok.feed([DetokenizeMsg(8, t)]) for t in ids)]
+    assert deltas.count("") >= len(ids) - 3  # only a completing token emits text
+    assert [d for d in deltas if d] == ["鲸", "鱼", "🐳"]
+
+
+def test_interleaved_requests_keep_their_own_text(tokenizer):
+    a, b = (tokenizer.encode(t, add_special_tokens=False) for t in TEXTS[:2])
+    detok = DetokenizeManager(tokenizer)
+    detok.add(1)
+    detok.add(2)
+    out = {1: "", 2: ""}
+    for i in range(max(len(a), len(b))):
+        msgs = []
+        if i < len(a):
+            msgs.append(DetokenizeMsg(1, a[i], "stop" if i == len(a) - 1 else None))
+        if i < len(b):
+            msgs.append(DetokenizeMsg(2, b[i], "stop" if i == len(b) - 1 else None))
+        for msg, delta in zip(msgs, detok.feed(msgs)):
+            out[msg.uid] += delta
+    assert out == {1: TEXTS[0], 2: TEXTS[1]}
+    assert detok.decode_map == {}
+
+
+def test_a_late_token_for_a_removed_uid_is_dropped_and_recreates_nothing(tokenizer):
+    detok = DetokenizeManager(tokenizer)
+    detok.add(3)
+    detok.remove(3)  # e.g. the request was aborted
+    assert detok.feed([DetokenizeMsg(3, 42)]) == [None]
+    assert detok.decode_map == {}
+
+
+def test_an_unfinished_multibyte_tail_is_not_emitted_at_finish(tokenizer):
+    ids = tokenizer.encode("🚀", add_special_tokens=False)
+    assert len(ids) > 1  # the emoji spans several byte-level tokens
+    detok = DetokenizeManager(tokenizer)
+    detok.add(4)
+    (delta,) = detok.feed([DetokenizeMsg(4, ids[0], "length")])  # cut off mid-character
+    assert delta == ""

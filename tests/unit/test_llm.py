@@ -1,0 +1,57 @@
+"""The offline API: results per prompt, errors as results, early exit leaves nothing behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from minisgl import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_dirs) -> LLM:
+    return LLM(str(tiny_dirs["llama"]), device="cpu", page_size=4, max_seq_len=128)
+
+
+def _idle(llm: LLM) -> bool:
+    s = llm.scheduler.state()
+    return s["pending"] == s["running"] == s["table_slots_used"] == s["kv_pages_used"] == 0
+
+
+def test_text_prompts_chat_prompts_and_ids_give_text_ids_and_reason(llm) -> None:
+    outs = llm.generate(
+        ["The capital of France is", [{"role": "user", "content": "什么是 KV Cache？"}], [5, 6, 7]],
+        SamplingParams(max_tokens=6, ignore_eos=True),
+    )
+    assert len(outs) == 3
+    for out in outs:
+        assert len(out.token_ids) == 6 and out.finish_reason == "length" and out.error is None
+        # random weights may end mid-character: those bytes are never emitted
+        full = llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+        assert out.text == full.rstrip("\ufffd")
+    assert outs[2].prompt_token_ids == [5, 6, 7]
+    assert _idle(llm)
+
+
+def test_a_refused_prompt_is_an_error_result_beside_good_ones(llm) -> None:
+    outs = llm.generate([[5] * 200, [5, 6]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert outs[0].error and "context" in outs[0].error and outs[0].finish_reason is None
+    assert outs[1].error is None and len(outs[1].token_ids) == 3
+    assert _idle(llm)
+
+
+def test_leaving_a_stream_early_aborts_what_is_still_running(llm) -> None:
+    events = llm.stream([[5, 6, 7], [8, 9]], SamplingParams(max_tokens=50, ignore_eos=True))
+    for i, _ in enumerate(events):
+        if i == 5:
+            break
+    events.close()  # what a `for` loop's break leaves to the garbage collector
+    assert _idle(llm)
+
+
+def test_sampling_params_per_prompt(llm) -> None:
+    outs = llm.generate(
+        [[5, 6], [7, 8]], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=5)]
+    )
+    assert [len(o.token_ids) for o in outs] == [2, 5]
+    with pytest.raises(ValueError, match="2 sampling params for 3 prompts"):
+        llm.generate([[1], [2], [3]], [SamplingParams(), SamplingParams()])

@@ -1,0 +1,174 @@
+"""The scheduler through its message interface: validation errors, abort at every phase,
+clamping, continuous batching, and every page and slot back in the pool afterwards."""
+
+from __future__ import annotations
+
+import pytest
+
+from minisgl.core import SamplingParams
+from minisgl.engine import Engine, EngineConfig
+from minisgl.message import (
+    AbortBackendMsg,
+    BackendErrorMsg,
+    DetokenizeMsg,
+    SchedulerStateMsg,
+    StateQueryMsg,
+    UserMsg,
+)
+from minisgl.scheduler import Scheduler
+
+ZERO = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dirs) -> Engine:
+    return Engine(
+        EngineConfig(
+            model=str(tiny_dirs["llama"]),
+            device="cpu",
+            page_size=4,
+            max_seq_len=64,
+            max_running_requests=4,
+        )
+    )
+
+
+@pytest.fixture
+def sched(engine) -> Scheduler:
+    # a fresh scheduler over the shared engine: all managers start empty
+    return Scheduler(engine, max_prefill_tokens=8)
+
+
+def _user(uid: int, n: int, **params) -> UserMsg:
+    return UserMsg.make(uid, [(uid * 7 + j) % 400 + 3 for j in range(n)], SamplingParams(**params))
+
+
+def _live(sched: Scheduler) -> dict[str, int]:
+    return {k: v for k, v in sched.state().items() if k in ZERO}
+
+
+def _run_until_idle(sched: Scheduler, limit: int = 500) -> list:
+    replies = []
+    for _ in range(limit):
+        if not sched.has_work:
+            return replies
+        replies += sched.step()
+    raise AssertionError("scheduler did not become idle")
+
+
+def test_over_long_prompt_is_an_error_reply_not_silence(sched) -> None:
+    (reply,) = sched.process_msg(_user(1, 64))
+    assert isinstance(reply, BackendErrorMsg) and reply.uid == 1
+    assert reply.code == "context_length_exceeded" and reply.status == 400
+    assert "64 tokens" in reply.message
+    assert _live(sched) == ZERO
+
+
+@pytest.mark.parametrize(
+    ("params", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"temperature": -1.0}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+    ],
+)
+def test_bad_sampling_values_are_error_replies(sched, params, param) -> None:
+    (reply,) = sched.process_msg(_user(2, 5, **params))
+    assert isinstance(reply, BackendErrorMsg) and reply.param == param
+    assert _live(sched) == ZERO
+
+
+def test_empty_prompt_and_bad_token_ids_are_error_replies(sched) -> None:
+    (empty,) = sched.process_msg(UserMsg.make(3, [], SamplingParams()))
+    (bad,) = sched.process_msg(UserMsg.make(4, [5, 10**6], SamplingParams()))
+    assert isinstance(empty, BackendErrorMsg) and "empty" in empty.message
+    assert isinstance(bad, BackendErrorMsg) and "token ids" in bad.message
+    assert _live(sched) == ZERO
+
+
+def test_max_tokens_above_the_room_left_is_clamped_and_ends_with_length(sched) -> None:
+    assert sched.process_msg(_user(5, 60, max_tokens=1000, ignore_eos=True)) == []
+    replies = _run_until_idle(sched)
+    assert len(replies) == 4  # 64 - 60: exactly the room left
+    assert [r.finish_reason for r in replies] == [None, None, None, "length"]
+    assert _live(sched) == ZERO
+
+
+def test_one_reply_per_step_per_uid_and_new_requests_join_running_ones(sched) -> None:
+    sched.process_msg(_user(10, 5, max_tokens=6, ignore_eos=True))
+    first = sched.step()
+    assert [r.uid for r in first] == [10]
+    sched.process_msg(_user(11, 5, max_tokens=3, ignore_eos=True))
+    second = sched.step()  # 10 decodes while 11 prefills, in the same step
+    assert sorted(r.uid for r in second) == [10, 11]
+    for _ in range(10):
+        replies = sched.step()
+        uids = [r.uid for r in replies]
+        assert len(uids) == len(set(uids))
+    assert _live(sched) == ZERO
+
+
+def test_abort_while_waiting_frees_everything(sched) -> None:
+    for uid in range(4):  # fill all four slots
+        sched.process_msg(_user(uid, 5, max_tokens=20, ignore_eos=True))
+    while sched.state()["running"] < 4:
+        sched.step()
+    sched.process_msg(_user(99, 5, max_tokens=20, ignore_eos=True))
+    sched.step()
+    assert sched.state()["pending"] == 1  # no slot for 99: it waits
+    assert sched.state()["table_slots_used"] == 4
+    sched.process_msg(AbortBackendMsg(99))
+    assert sched.state()["pending"] == 0
+    for uid in range(4):
+        sched.process_msg(AbortBackendMsg(uid))
+    assert _live(sched) == ZERO
+
+
+def test_abort_mid_chunked_prefill_frees_every_page_and_slot(sched) -> None:
+    sched.process_msg(_user(20, 30, max_tokens=5))  # 30 tokens, budget 8: 4 chunks
+    assert sched.step() == []  # first chunk: no token yet
+    state = sched.state()
+    assert state["pending"] == 1 and state["table_slots_used"] == 1
+    assert state["kv_pages_used"] == 2  # 8 tokens in pages of 4
+    sched.process_msg(AbortBackendMsg(20))
+    assert _live(sched) == ZERO
+
+
+def test_abort_while_decoding_frees_every_page_and_slot(sched) -> None:
+    sched.process_msg(_user(30, 6, max_tokens=30, ignore_eos=True))
+    for _ in range(4):
+        (reply,) = sched.step()
+        assert reply.finish_reason is None
+    assert sched.state()["running"] == 1
+    sched.process_msg(AbortBackendMsg(30))
+    assert _live(sched) == ZERO
+    assert sched.step() == []  # nothing more is produced for the aborted uid
+
+
+def test_abort_of_an_unknown_or_finished_uid_is_ignored(sched) -> None:
+    sched.process_msg(_user(40, 5, max_tokens=2, ignore_eos=True))
+    _run_until_idle(sched)
+    sched.process_msg(AbortBackendMsg(40))  # late: already finished
+    sched.process_msg(AbortBackendMsg(12345))  # never existed
+    assert _live(sched) == ZERO
+
+
+def test_state_query_answers_with_live_counts(sched) -> None:
+    sched.process_msg(_user(50, 5, max_tokens=3))
+    sched.step()
+    (reply,) = sched.process_msg(StateQueryMsg(query_id=7))
+    assert isinstance(reply, SchedulerStateMsg) and reply.query_id == 7
+    assert reply.state["running"] == 1 and reply.state["kv_pages_total"] == sched.engine.num_pages
+    sched.process_msg(AbortBackendMsg(50))
+
+
+def test_eos_ends_a_request_with_stop(engine) -> None:
+    # make every token an end token: the first sampled token must finish the request
+    sched = Scheduler(engine)
+    sched.eos_token_ids = frozenset(range(engine.model_config.vocab_size))
+    sched.process_msg(_user(60, 5, max_tokens=10))
+    (reply,) = _run_until_idle(sched)
+    assert isinstance(reply, DetokenizeMsg) and reply.finish_reason == "stop"
+    assert _live(sched) == ZERO
