@@ -1,22 +1,44 @@
-"""Typed messages, one module per receiving component, plus the codec they travel with."""
+"""Typed messages, one module per receiving component, plus the codec they travel with.
+
+API server --TokenizeMsg, AbortMsg, LifecycleQueryMsg--> tokenizer worker
+tokenizer worker --UserMsg, AbortBackendMsg, StateQueryMsg--> scheduler
+scheduler --DetokenizeMsg, BackendErrorMsg, SchedulerStateMsg--> tokenizer worker
+tokenizer worker --UserReply, LifecycleStateMsg--> API server
+"""
 
 from __future__ import annotations
 
 from .backend import AbortBackendMsg, BackendMsg, ExitMsg, StateQueryMsg, UserMsg
 from .codec import Codec, pack_ids, unpack_ids
-from .tokenizer import BackendErrorMsg, DetokenizeMsg, SchedulerStateMsg, TokenizerMsg
+from .frontend import ErrorInfo, FrontendMsg, LifecycleStateMsg, UserReply
+from .tokenizer import (
+    AbortMsg,
+    BackendErrorMsg,
+    DetokenizeMsg,
+    LifecycleQueryMsg,
+    SchedulerStateMsg,
+    TokenizeMsg,
+    TokenizerMsg,
+)
 
 __all__ = [
     "AbortBackendMsg",
+    "AbortMsg",
     "BackendErrorMsg",
     "BackendMsg",
     "Codec",
     "DetokenizeMsg",
+    "ErrorInfo",
     "ExitMsg",
+    "FrontendMsg",
+    "LifecycleQueryMsg",
+    "LifecycleStateMsg",
     "SchedulerStateMsg",
     "StateQueryMsg",
+    "TokenizeMsg",
     "TokenizerMsg",
     "UserMsg",
+    "UserReply",
     "pack_ids",
     "unpack_ids",
 ]

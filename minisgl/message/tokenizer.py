@@ -1,14 +1,35 @@
-"""Messages into the tokenizer worker.
+"""Messages into the tokenizer worker, from both of its neighbours.
 
-From the API server: TokenizeMsg (creates the request's decode state), AbortMsg.
-From the scheduler: DetokenizeMsg (one sampled token, the last one carries finish_reason),
-BackendErrorMsg (the request ended with an error; no more messages follow for its uid),
-SchedulerStateMsg (the answer to a StateQueryMsg).
+From the API server: TokenizeMsg (creates the request's decode state), AbortMsg (removes
+it and is forwarded to the scheduler), LifecycleQueryMsg.
+From the scheduler: DetokenizeMsg (one sampled token; the last one carries finish_reason),
+BackendErrorMsg (the request ended with an error; nothing more follows for its uid),
+SchedulerStateMsg (the scheduler's answer to a state query).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
+
+from minisgl.core import SamplingParams
+
+
+class TokenizeMsg(msgspec.Struct, tag=True):
+    uid: int
+    sampling_params: SamplingParams
+    text: str | None = None  # a plain prompt
+    messages: list[dict[str, Any]] | None = None  # a chat conversation: chat template
+    input_ids_packed: bytes | None = None  # a prompt given as token ids (codec.pack_ids)
+
+
+class AbortMsg(msgspec.Struct, tag=True):
+    uid: int
+
+
+class LifecycleQueryMsg(msgspec.Struct, tag=True):
+    query_id: int
 
 
 class DetokenizeMsg(msgspec.Struct, tag=True):
@@ -30,4 +51,6 @@ class SchedulerStateMsg(msgspec.Struct, tag=True):
     state: dict[str, int]
 
 
-TokenizerMsg = DetokenizeMsg | BackendErrorMsg | SchedulerStateMsg
+TokenizerMsg = (
+    TokenizeMsg | AbortMsg | LifecycleQueryMsg | DetokenizeMsg | BackendErrorMsg | SchedulerStateMsg
+)

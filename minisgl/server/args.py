@@ -52,9 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default=d.host, help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="port (default: %(default)s)")
     p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"]
-    )
+    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--dummy-weights", action="store_true", help="random weights, real shapes")
     p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
     p.add_argument("--max-seq-len", type=int, help="context length (default: the model's)")

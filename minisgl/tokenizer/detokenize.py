@@ -24,6 +24,7 @@ _REPLACEMENT = "\ufffd"
 
 @dataclass
 class DecodeState:
+    prompt_tokens: int = 0
     ids: list[int] = field(default_factory=list)  # output token ids so far
     prefix_offset: int = 0  # ids[prefix_offset:read_offset] is already-sent context
     read_offset: int = 0  # ids before this have been turned into sent text
@@ -34,8 +35,8 @@ class DetokenizeManager:
         self.tokenizer = tokenizer
         self.decode_map: dict[int, DecodeState] = {}
 
-    def add(self, uid: int) -> None:
-        self.decode_map[uid] = DecodeState()
+    def add(self, uid: int, prompt_tokens: int = 0) -> None:
+        self.decode_map[uid] = DecodeState(prompt_tokens)
 
     def remove(self, uid: int) -> None:
         self.decode_map.pop(uid, None)

@@ -1,0 +1,159 @@
+"""The API server: FastAPI routes over a FrontendManager.
+
+Contract: routes parse and check the request, turn it into a TokenizeMsg and hand it to a
+response object (response.py) that owns the request's lifecycle. No route runs model code
+or blocks the event loop. Every error is an OpenAI-style body
+`{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
+
+Routes: POST /v1/chat/completions, GET /v1/models, GET /health, GET /debug/lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from minisgl.message import ErrorInfo, TokenizeMsg
+
+from .args import ServerArgs
+from .frontend import BackendUnavailable, FrontendManager
+from .protocol import ChatCompletionRequest, ChatFormat, error_body
+from .response import FullResponse, StreamResponse, unavailable
+
+logger = logging.getLogger(__name__)
+
+
+def error_response(error: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(error), status_code=error.status, headers=headers)
+
+
+def _validation_error(exc: RequestValidationError) -> ErrorInfo:
+    first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return ErrorInfo(f"the request body is not valid JSON: {first.get('msg')}", 400)
+    if first.get("type") == "extra_forbidden":
+        message = f"unsupported parameter: {param}"
+    else:
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    return ErrorInfo(message, 400, code="invalid_value", param=param)
+
+
+async def _sweep_stalls(frontend: FrontendManager, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    period = min(0.25, timeout / 4)
+    while True:
+        await asyncio.sleep(period)
+        frontend.check_stalls(loop.time(), timeout)
+
+
+class _QuietIncompleteResponse(logging.Filter):
+    """A stalled client's connection is closed on purpose (and logged by us); drop
+    uvicorn's generic error line for it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "ASGI callable returned without completing response" not in record.getMessage()
+
+
+def create_app(
+    args: ServerArgs,
+    model_name: str,
+    connect: Callable[[], FrontendManager],
+    on_start: Callable[[FrontendManager], None] | None = None,
+) -> FastAPI:
+    """`connect` builds the FrontendManager inside the server's event loop; `on_start`
+    lets the launcher watch its worker processes."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        frontend = connect()
+        app.state.frontend = frontend
+        tasks = [
+            asyncio.create_task(frontend.listen()),
+            asyncio.create_task(_sweep_stalls(frontend, args.client_stall_timeout)),
+        ]
+        if on_start is not None:
+            on_start(frontend)
+        logging.getLogger("uvicorn.error").addFilter(_QuietIncompleteResponse())
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    app = FastAPI(title="minisgl", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_validation_error(request: Request, exc: RequestValidationError):
+        return error_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http_error(request: Request, exc: StarletteHTTPException):
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(ErrorInfo(str(exc.detail), exc.status_code, code=code))
+
+    def frontend() -> FrontendManager:
+        return app.state.frontend
+
+    # --8<-- [start:chat_route]
+    @app.post("/v1/chat/completions")
+    async def v1_chat_completions(req: ChatCompletionRequest):
+        if req.model != model_name:
+            return error_response(
+                ErrorInfo(
+                    f"the model {req.model!r} does not exist; this server serves {model_name!r}",
+                    404,
+                    code="model_not_found",
+                    param="model",
+                )
+            )
+        if (error := frontend().backend_error) is not None:
+            return error_response(unavailable(error.message))
+        params = req.sampling_params()
+        messages = [m.as_template_input() for m in req.messages]
+
+        def make_msg(uid: int) -> TokenizeMsg:
+            return TokenizeMsg(uid, params, messages=messages)
+
+        response_cls = StreamResponse if req.stream else FullResponse
+        return response_cls(frontend(), make_msg, ChatFormat(model_name))
+
+    # --8<-- [end:chat_route]
+
+    @app.get("/v1/models")
+    async def v1_models():
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "minisgl",
+                }
+            ],
+        }
+
+    @app.get("/health")
+    async def health():
+        if (error := frontend().backend_error) is not None:
+            return error_response(unavailable(error.message))
+        return {"status": "ok"}
+
+    @app.get("/debug/lifecycle")
+    async def debug_lifecycle():
+        try:
+            return await frontend().lifecycle()
+        except (BackendUnavailable, asyncio.TimeoutError) as exc:
+            return error_response(unavailable(f"a worker did not answer: {exc or 'timeout'}"))
+
+    return app

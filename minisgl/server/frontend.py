@@ -1,0 +1,259 @@
+"""FrontendManager: the API server's per-uid state, its one listener, and the request scope.
+
+Contract:
+- Every HTTP request that reaches the backend lives inside `async with frontend.request(...)`.
+  Entering it allocates a uid, creates the uid's state (a reply buffer and a wake-up event)
+  and sends the TokenizeMsg. Leaving it, on *every* path, deletes the state; leaving before
+  the terminal reply arrived (client disconnect, cancellation, an exception, a consumer that
+  stopped early) also sends AbortMsg so the workers free theirs. Nothing is cleaned up at the
+  tail of a generator, where an early `break` would skip it.
+- One listener coroutine (`listen`) receives every UserReply. It appends the reply to its
+  uid's buffer and sets the uid's event; a reply for a uid with no state is dropped (late
+  messages never recreate state). A buffer that grows past `max_pending_bytes` because the
+  consumer does not keep up ends the request with an error and aborts it in the backend.
+- `wait_for_ack(state)` is the consumer side: wait, clear, take everything pending as one
+  coalesced `Output`, yield it; it ends after the terminal output.
+- Sends are synchronous (they only queue a ZMQ frame), so a `finally` can send AbortMsg
+  without awaiting, even in a task that is being cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from minisgl.message import (
+    AbortMsg,
+    ErrorInfo,
+    FrontendMsg,
+    LifecycleQueryMsg,
+    LifecycleStateMsg,
+    TokenizeMsg,
+    TokenizerMsg,
+    UserReply,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class BackendUnavailable(Exception):
+    """A worker process is gone: the request cannot be served (HTTP 503)."""
+
+
+@dataclass
+class Output:
+    """Everything that was pending for one request at one wake-up."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finished: bool
+    finish_reason: str | None
+    error: ErrorInfo | None
+
+
+# --8<-- [start:reply_buffer]
+@dataclass
+class ReplyBuffer:
+    """Pending output of one request, coalesced: many replies take one buffer's room."""
+
+    pieces: list[str] = field(default_factory=list)
+    pending_bytes: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    error: ErrorInfo | None = None
+
+    def append(self, reply: UserReply) -> bool:
+        """Add one reply; return whether the consumer has something new to take."""
+        if reply.incremental_output:
+            self.pieces.append(reply.incremental_output)
+            self.pending_bytes += len(reply.incremental_output.encode())
+        self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)
+        self.completion_tokens = max(self.completion_tokens, reply.completion_tokens)
+        if reply.finished:
+            self.finish(reply.finish_reason, reply.error)
+        return bool(reply.incremental_output) or reply.finished
+
+    def finish(self, reason: str | None, error: ErrorInfo | None = None) -> None:
+        self.finished, self.finish_reason, self.error = True, reason, error
+
+    def take(self) -> Output:
+        text = "".join(self.pieces)
+        self.pieces, self.pending_bytes = [], 0
+        return Output(
+            text,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.finished,
+            self.finish_reason,
+            self.error,
+        )
+
+
+# --8<-- [end:reply_buffer]
+
+
+@dataclass(eq=False)
+class RequestState:
+    uid: int
+    buffer: ReplyBuffer = field(default_factory=ReplyBuffer)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    # set once the terminal reply (or a local error) is in the buffer: no abort needed
+    terminal: bool = False
+    # loop time at which a send to the client began and has not returned (stall detection)
+    sending_since: float | None = None
+    task: asyncio.Task | None = None  # the task serving the request, cancelled on a stall
+    stalled: bool = False
+
+
+class FrontendManager:
+    def __init__(
+        self,
+        send: Callable[[list[TokenizerMsg]], None],
+        recv: Callable[[], Awaitable[list[FrontendMsg]]],
+        max_pending_bytes: int = 1 << 20,
+    ) -> None:
+        self._send = send
+        self._recv = recv
+        self.max_pending_bytes = max_pending_bytes
+        self.uid_counter = itertools.count()
+        self.states: dict[int, RequestState] = {}
+        self.backend_error: ErrorInfo | None = None  # set when a worker process died
+        self._query_ids = itertools.count()
+        self._queries: dict[int, asyncio.Future[LifecycleStateMsg]] = {}
+
+    # ---------------------------------------------------------------- state
+    def new_user(self) -> RequestState:
+        state = RequestState(next(self.uid_counter))
+        self.states[state.uid] = state
+        return state
+
+    def send_one(self, msg: TokenizerMsg) -> None:
+        self._send([msg])
+
+    def state(self) -> dict[str, int]:
+        return {
+            "requests": len(self.states),
+            "pending_bytes": sum(s.buffer.pending_bytes for s in self.states.values()),
+        }
+
+    # --8<-- [start:request_scope]
+    @asynccontextmanager
+    async def request(self, make_msg: Callable[[int], TokenizeMsg]) -> AsyncIterator[RequestState]:
+        if self.backend_error is not None:
+            raise BackendUnavailable(self.backend_error.message)
+        state = self.new_user()
+        try:
+            self.send_one(make_msg(state.uid))
+            yield state
+        finally:
+            del self.states[state.uid]
+            if not state.terminal:  # left early: the workers must drop this uid too
+                self.send_one(AbortMsg(state.uid))
+
+    # --8<-- [end:request_scope]
+
+    # --8<-- [start:listen]
+    async def listen(self) -> None:
+        while True:
+            for msg in await self._recv():
+                if isinstance(msg, LifecycleStateMsg):
+                    if (fut := self._queries.get(msg.query_id)) and not fut.done():
+                        fut.set_result(msg)
+                    continue
+                state = self.states.get(msg.uid)
+                if state is None or state.terminal:
+                    continue  # a late reply: its request is gone or already ended
+                if state.buffer.append(msg):
+                    state.event.set()
+                if msg.finished:
+                    state.terminal = True
+                elif state.buffer.pending_bytes > self.max_pending_bytes:
+                    self._fail_slow_client(state)
+
+    # --8<-- [end:listen]
+
+    def _fail_slow_client(self, state: RequestState) -> None:
+        logger.warning(
+            "uid %d: more than %d bytes of output wait unread: aborting the request",
+            state.uid,
+            self.max_pending_bytes,
+        )
+        error = ErrorInfo(
+            f"the client did not read the output fast enough (more than "
+            f"{self.max_pending_bytes} bytes waited); the request was aborted",
+            status=503,
+            code="slow_client",
+            type="server_error",
+        )
+        self.end_with_error(state, error)
+
+    def end_with_error(self, state: RequestState, error: ErrorInfo) -> None:
+        """End a live request here and now; the backend is told to drop it."""
+        state.buffer.finish(None, error)
+        if not state.terminal:
+            state.terminal = True
+            self.send_one(AbortMsg(state.uid))
+        state.event.set()
+
+    # --8<-- [start:wait_for_ack]
+    async def wait_for_ack(self, state: RequestState) -> AsyncIterator[Output]:
+        while True:
+            await state.event.wait()
+            state.event.clear()
+            output = state.buffer.take()  # everything since the last wake-up
+            yield output
+            if output.finished:
+                return
+
+    # --8<-- [end:wait_for_ack]
+
+    # ---------------------------------------------------------------- operations
+    def fail_all(self, error: ErrorInfo) -> None:
+        """A worker died: every in-flight request ends now with `error`; new ones get 503."""
+        self.backend_error = error
+        for state in list(self.states.values()):
+            state.buffer.finish(None, error)
+            state.terminal = True  # nobody is left to abort in the backend
+            state.event.set()
+        for fut in self._queries.values():
+            if not fut.done():
+                fut.set_exception(BackendUnavailable(error.message))
+
+    def check_stalls(self, now: float, timeout: float) -> None:
+        """Cancel requests whose client has read nothing for `timeout` s while output waits."""
+        for state in list(self.states.values()):
+            since = state.sending_since
+            if since is not None and now - since > timeout and state.task and not state.stalled:
+                logger.warning(
+                    "uid %d: the client read nothing for %.1f s while output waited: "
+                    "aborting the request and closing the connection",
+                    state.uid,
+                    now - since,
+                )
+                state.stalled = True
+                state.task.cancel()
+
+    async def lifecycle(self, timeout: float = 2.0) -> dict[str, dict[str, int]]:
+        """Live per-uid state of all three processes, the workers' asked over ZMQ."""
+        if self.backend_error is not None:
+            raise BackendUnavailable(self.backend_error.message)
+        query_id = next(self._query_ids)
+        fut: asyncio.Future[LifecycleStateMsg] = asyncio.get_running_loop().create_future()
+        self._queries[query_id] = fut
+        try:
+            self.send_one(LifecycleQueryMsg(query_id))
+            reply = await asyncio.wait_for(fut, timeout)
+        finally:
+            del self._queries[query_id]
+        return {
+            "frontend": self.state(),
+            "tokenizer": reply.tokenizer,
+            "scheduler": reply.scheduler,
+        }

@@ -1,0 +1,165 @@
+"""The tokenizer worker process: text -> token ids on the way in, ids -> text on the way out.
+
+Contract (per uid):
+- TokenizeMsg: build the prompt ids, create the decode state, send UserMsg to the scheduler.
+  A prompt that cannot be tokenized is answered at once with an error UserReply.
+- AbortMsg: drop the decode state and forward AbortBackendMsg (the reference forwarded the
+  abort but kept the decode state, which then leaked).
+- DetokenizeMsg: new text for the uid, sent on as a UserReply; the last one removes the
+  decode state. A token for a uid without decode state (aborted) is dropped.
+- BackendErrorMsg: drop the decode state, send the error on as the terminal UserReply.
+- LifecycleQueryMsg: forwarded to the scheduler; its answer comes back as SchedulerStateMsg
+  and goes to the API server together with this worker's own counts.
+Consecutive DetokenizeMsgs are decoded in one batched tokenizer call.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    BackendErrorMsg,
+    BackendMsg,
+    DetokenizeMsg,
+    ErrorInfo,
+    FrontendMsg,
+    LifecycleQueryMsg,
+    LifecycleStateMsg,
+    SchedulerStateMsg,
+    StateQueryMsg,
+    TokenizeMsg,
+    TokenizerMsg,
+    UserMsg,
+    UserReply,
+    unpack_ids,
+)
+
+from .detokenize import DetokenizeManager
+from .tokenize import build_prompt_ids, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+class TokenizerWorker:
+    def __init__(
+        self,
+        tokenizer,
+        send_backend: Callable[[list[BackendMsg]], None],
+        send_frontend: Callable[[list[FrontendMsg]], None],
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.detokenize_manager = DetokenizeManager(tokenizer)
+        self.send_backend = send_backend
+        self.send_frontend = send_frontend
+
+    def state(self) -> dict[str, int]:
+        return {"decode_states": len(self.detokenize_manager.decode_map)}
+
+    # --8<-- [start:handle]
+    def handle(self, msgs: list[TokenizerMsg]) -> None:
+        to_backend: list[BackendMsg] = []
+        to_frontend: list[FrontendMsg] = []
+        run: list[DetokenizeMsg] = []  # consecutive tokens, decoded in one batch
+        for msg in msgs:
+            if isinstance(msg, DetokenizeMsg):
+                run.append(msg)
+                continue
+            to_frontend += self._detokenize(run)
+            run = []
+            if isinstance(msg, TokenizeMsg):
+                to_backend += self._tokenize(msg, to_frontend)
+            elif isinstance(msg, AbortMsg):
+                self.detokenize_manager.remove(msg.uid)  # the decode state goes too
+                to_backend.append(AbortBackendMsg(msg.uid))
+            elif isinstance(msg, BackendErrorMsg):
+                to_frontend += self._error(msg)
+            elif isinstance(msg, LifecycleQueryMsg):
+                to_backend.append(StateQueryMsg(msg.query_id))
+            elif isinstance(msg, SchedulerStateMsg):
+                to_frontend.append(LifecycleStateMsg(msg.query_id, self.state(), msg.state))
+        to_frontend += self._detokenize(run)
+        self.send_backend(to_backend)
+        self.send_frontend(to_frontend)
+
+    # --8<-- [end:handle]
+
+    def _tokenize(self, msg: TokenizeMsg, to_frontend: list[FrontendMsg]) -> list[BackendMsg]:
+        try:
+            if msg.input_ids_packed is not None:
+                ids = unpack_ids(msg.input_ids_packed)
+            else:
+                prompt = msg.messages if msg.messages is not None else msg.text or ""
+                ids = build_prompt_ids(self.tokenizer, prompt)
+        except Exception as exc:  # a template or tokenizer error is the request's, not ours
+            logger.info("uid %d: cannot tokenize: %s", msg.uid, exc)
+            error = ErrorInfo(f"cannot tokenize the prompt: {exc}", 400, param="messages")
+            to_frontend.append(UserReply(msg.uid, finished=True, error=error))
+            return []
+        # the decode state is created here, with the prompt, never by a first token
+        self.detokenize_manager.add(msg.uid, prompt_tokens=len(ids))
+        return [UserMsg.make(msg.uid, ids, msg.sampling_params)]
+
+    def _detokenize(self, run: list[DetokenizeMsg]) -> list[FrontendMsg]:
+        if not run:
+            return []
+        decode_map = self.detokenize_manager.decode_map
+        counts = []
+        for msg in run:  # read before feed(): a finishing token removes the state
+            state = decode_map.get(msg.uid)
+            counts.append(None if state is None else (state.prompt_tokens, len(state.ids) + 1))
+        replies: list[FrontendMsg] = []
+        for msg, text, count in zip(run, self.detokenize_manager.feed(run), counts):
+            if text is None or count is None:
+                continue  # late token of an aborted request: dropped
+            replies.append(
+                UserReply(
+                    msg.uid,
+                    text,
+                    finished=msg.finish_reason is not None,
+                    finish_reason=msg.finish_reason,
+                    prompt_tokens=count[0],
+                    completion_tokens=count[1],
+                )
+            )
+        return replies
+
+    def _error(self, msg: BackendErrorMsg) -> list[FrontendMsg]:
+        state = self.detokenize_manager.decode_map.get(msg.uid)
+        if state is None:
+            return []  # already aborted: the API server has forgotten this uid
+        self.detokenize_manager.remove(msg.uid)
+        error = ErrorInfo(msg.message, msg.status, msg.code, msg.param)
+        return [UserReply(msg.uid, finished=True, error=error, prompt_tokens=state.prompt_tokens)]
+
+
+def tokenize_worker(args, model_dir: Path, channels, ready: Connection) -> None:
+    """Process entry point: serve until the parent process goes away."""
+    from minisgl.utils.process import configure_worker_logging, parent_alive
+    from minisgl.utils.zmq import PullQueue, PushQueue
+
+    configure_worker_logging("tokenizer", args.log_level)
+    try:
+        tokenizer = load_tokenizer(model_dir)
+        if tokenizer is None:
+            raise RuntimeError(f"{model_dir} has no tokenizer: the server needs one")
+        inbox = PullQueue(channels.tokenizer, TokenizerMsg)
+        to_scheduler = PushQueue(channels.scheduler, BackendMsg)
+        to_api = PushQueue(channels.frontend, FrontendMsg)
+        worker = TokenizerWorker(tokenizer, to_scheduler.put, to_api.put)
+    except Exception as exc:
+        ready.send(("error", f"tokenizer worker failed to start: {exc}"))
+        raise SystemExit(1) from exc
+    ready.send(("ready", {}))
+    parent = os.getppid()
+    while True:
+        msgs = inbox.get(timeout_ms=500)
+        if msgs:
+            worker.handle(msgs)
+        elif not parent_alive(parent):
+            return

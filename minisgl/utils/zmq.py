@@ -1,0 +1,112 @@
+"""ZMQ plumbing shared by the three processes.
+
+Contract:
+- `IpcChannels.create()` makes a per-instance directory with mode 0700 (no other local user
+  can connect to our sockets and inject messages) and names one inbox socket per process;
+  `remove()` deletes it at exit.
+- Every process binds a PULL socket for its own inbox and connects PUSH sockets to its
+  neighbours' inboxes. One ZMQ frame carries a list of messages of that channel's union.
+- Sends never block the caller: the high-water marks are unlimited (admission control
+  bounds how much can be in flight) and a send only queues the frame for ZMQ's I/O thread,
+  so a send is safe inside `finally` blocks and cleanup paths.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import zmq
+import zmq.asyncio
+
+from minisgl.message import Codec
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class IpcChannels:
+    root: str
+    frontend: str  # the API server's inbox
+    tokenizer: str  # the tokenizer worker's inbox
+    scheduler: str  # the scheduler's inbox
+
+    @classmethod
+    def create(cls) -> IpcChannels:
+        root = Path(tempfile.mkdtemp(prefix="minisgl-"))  # created with mode 0700
+        root.chmod(0o700)
+        return cls(
+            str(root),
+            f"ipc://{root}/frontend",
+            f"ipc://{root}/tokenizer",
+            f"ipc://{root}/scheduler",
+        )
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
+    sock = ctx.socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)  # never hang at exit on undelivered frames
+    sock.setsockopt(zmq.SNDHWM, 0)
+    sock.setsockopt(zmq.RCVHWM, 0)
+    return sock
+
+
+class PushQueue(Generic[T]):
+    """Sends lists of messages to one neighbour's inbox."""
+
+    def __init__(self, addr: str, union: Any, ctx: zmq.Context | None = None) -> None:
+        self._sock = _socket(ctx or zmq.Context.instance(), zmq.PUSH)
+        self._sock.connect(addr)
+        self._codec: Codec[T] = Codec(union)
+
+    def put(self, msgs: list[T]) -> None:
+        if msgs:
+            self._sock.send(self._codec.encode(msgs), zmq.NOBLOCK)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class PullQueue(Generic[T]):
+    """This process's inbox, read synchronously (worker processes)."""
+
+    def __init__(self, addr: str, union: Any, ctx: zmq.Context | None = None) -> None:
+        self._sock = _socket(ctx or zmq.Context.instance(), zmq.PULL)
+        self._sock.bind(addr)
+        self._codec: Codec[T] = Codec(union)
+
+    def get(self, timeout_ms: int | None) -> list[T]:
+        """Everything waiting; when nothing is, wait up to `timeout_ms` (None: forever)."""
+        msgs: list[T] = []
+        if self._sock.poll(timeout_ms):
+            while True:
+                try:
+                    frame = self._sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                msgs += self._codec.decode(frame)
+        return msgs
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class AsyncPullQueue(Generic[T]):
+    """This process's inbox, read from an asyncio loop (the API server)."""
+
+    def __init__(self, addr: str, union: Any) -> None:
+        self._sock = _socket(zmq.asyncio.Context.instance(), zmq.PULL)
+        self._sock.bind(addr)
+        self._codec: Codec[T] = Codec(union)
+
+    async def get(self) -> list[T]:
+        return self._codec.decode(await self._sock.recv())
+
+    def close(self) -> None:
+        self._sock.close()
