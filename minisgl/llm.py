@@ -15,7 +15,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from minisgl.core import SamplingParams
-from minisgl.engine import Engine, EngineConfig
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine
 from minisgl.message import BackendErrorMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler
 from minisgl.tokenizer import DetokenizeManager, build_prompt_ids, load_tokenizer

@@ -1,8 +1,5 @@
-"""The engine: model + KV cache + one forward step (no requests, no messages)."""
+"""The engine: model + KV cache + one forward step (no requests, no messages).
 
-from __future__ import annotations
-
-from .config import EngineConfig
-from .engine import Engine
-
-__all__ = ["Engine", "EngineConfig"]
+config.py (EngineConfig, no torch import), engine.py (Engine), sample.py (Sampler).
+Import from the submodules, so that reading the configuration does not import torch.
+"""

@@ -18,8 +18,10 @@ import torch
 from minisgl.attention import ForwardInfo, create_attention_backend
 from minisgl.core import Batch
 from minisgl.kvcache import KVCachePool
-from minisgl.models import CausalLM, ModelConfig
-from minisgl.models.weight import init_dummy_weights, iter_checkpoint, resolve_model_dir
+from minisgl.models.config import ModelConfig
+from minisgl.models.decoder import CausalLM
+from minisgl.models.source import resolve_model_dir
+from minisgl.models.weight import init_dummy_weights, iter_checkpoint
 
 from .config import EngineConfig
 from .sample import Sampler

@@ -1,8 +1,7 @@
-"""Models in plain torch with Hugging Face config and weight names."""
+"""Models in plain torch with Hugging Face config and weight names.
 
-from __future__ import annotations
-
-from .config import ModelConfig
-from .decoder import CausalLM
-
-__all__ = ["CausalLM", "ModelConfig"]
+config.py (ModelConfig), layers.py and decoder.py (CausalLM), weight.py (checkpoint
+loading), source.py (model folder or hub id), gguf.py and default_model.py (the embedded
+default model). Import from the submodules: this package imports nothing itself, so the
+API server can resolve a model without importing torch.
+"""

@@ -45,7 +45,7 @@ def scheduler_worker(args, model_dir, channels, ready: Connection) -> None:
     """Process entry point."""
     import torch
 
-    from minisgl.engine import Engine
+    from minisgl.engine.engine import Engine
 
     from .scheduler import Scheduler
 

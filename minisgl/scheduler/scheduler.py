@@ -23,7 +23,7 @@ import random
 from typing import Protocol
 
 from minisgl.core import Batch, Req
-from minisgl.engine import Engine
+from minisgl.engine.engine import Engine
 from minisgl.message import (
     AbortBackendMsg,
     BackendErrorMsg,

@@ -10,7 +10,7 @@ import argparse
 import os
 from dataclasses import dataclass, fields
 
-from minisgl.engine import EngineConfig
+from minisgl.engine.config import EngineConfig
 
 
 @dataclass

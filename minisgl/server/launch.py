@@ -25,7 +25,7 @@ from pathlib import Path
 import uvicorn
 
 from minisgl.message import ErrorInfo, FrontendMsg, TokenizerMsg
-from minisgl.models.weight import resolve_model_dir
+from minisgl.models.source import resolve_model_dir
 from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 
 from .args import ServerArgs

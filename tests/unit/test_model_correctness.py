@@ -12,7 +12,7 @@ import torch
 from tiny import hf_greedy
 
 from minisgl import LLM, SamplingParams
-from minisgl.models import ModelConfig
+from minisgl.models.config import ModelConfig
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 NEW_TOKENS = 12

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from minisgl.core import SamplingParams
-from minisgl.engine import Engine, EngineConfig
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine
 from minisgl.message import (
     AbortBackendMsg,
     BackendErrorMsg,

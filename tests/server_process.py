@@ -1,0 +1,108 @@
+"""Start the real three-process server (`python -m minisgl`) on a free port for a test.
+
+`RunningServer` waits for /health, knows its base URL, can read /debug/lifecycle, wait
+until every component is back at zero, and stop the server with a signal, checking that
+no process and no IPC directory is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ZERO_FRONTEND = {"requests": 0, "pending_bytes": 0}
+ZERO_TOKENIZER = {"decode_states": 0}
+ZERO_SCHEDULER = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def is_zero(state: dict) -> bool:
+    sched = {k: v for k, v in state["scheduler"].items() if k in ZERO_SCHEDULER}
+    return (
+        state["frontend"] == ZERO_FRONTEND
+        and state["tokenizer"] == ZERO_TOKENIZER
+        and sched == ZERO_SCHEDULER
+    )
+
+
+class RunningServer:
+    def __init__(self, model: str | None, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.model_name = model or "SmolLM2-135M-Instruct"
+        cmd = [sys.executable, "-m", "minisgl", "--device", "cpu", "--port", str(self.port)]
+        if model is not None:
+            cmd += ["--model", model]
+        cmd += list(extra)
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"minisgl-test-{self.port}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,  # its own process group: signals reach only it
+        )
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self._wait_healthy()
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def _wait_healthy(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
+
+    def lifecycle(self) -> dict:
+        r = httpx.get(f"{self.base_url}/debug/lifecycle", timeout=5)
+        r.raise_for_status()
+        return r.json()
+
+    def wait_zero(self, timeout: float = 1.0) -> dict:
+        """Poll /debug/lifecycle until every component is at zero; fail after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.lifecycle()
+            if is_zero(state):
+                return state
+            if time.monotonic() > deadline:
+                raise AssertionError(f"lifecycle not back at zero within {timeout} s: {state}")
+            time.sleep(0.05)
+
+    def children(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True, check=False
+        )
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
