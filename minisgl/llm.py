@@ -106,7 +106,8 @@ class LLM:
                     detok.remove(reply.uid)
                 text = ""
             else:
-                text = next(texts) or ""
+                decoded = next(texts)
+                text = decoded.text if decoded else ""
                 output.token_ids.append(reply.next_token)
                 output.text += text
                 output.finish_reason = reply.finish_reason

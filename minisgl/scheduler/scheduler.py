@@ -201,6 +201,8 @@ class Scheduler:
             replies: list[TokenizerMsg] = []
             for msg in io.receive(blocking=not self.has_work):
                 if isinstance(msg, ExitMsg):
+                    if replies:  # answers already built still go out
+                        io.send(replies)
                     return
                 replies += self.process_msg(msg)
             replies += self.step()

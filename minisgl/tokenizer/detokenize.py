@@ -2,9 +2,11 @@
 
 Contract: `add(uid)` creates a request's decode state; this happens when its prompt is
 tokenized, never on a first token, so a late token for a uid that was removed finds no state
-and is dropped (`feed` returns None). `feed(msgs)` turns one step's tokens of many requests
-into their new text, batched into one tokenizer call. `remove(uid)` drops the state; `feed`
-drops it itself when a message carries a finish_reason.
+and is dropped (`feed` returns None for it). `feed(msgs)` turns tokens of many requests into
+their new text, one batched tokenizer call per round; a batch may hold several steps of one
+uid (a worker that fell behind), which are then decoded in successive rounds, in order.
+`remove(uid)` drops the state; `feed` drops it itself when a message carries a
+finish_reason.
 
 Why text is held back: one character can span several byte-level tokens (Chinese, emoji).
 Decoding a prefix of those tokens yields U+FFFD, so new text that ends in U+FFFD waits for
@@ -20,6 +22,13 @@ from dataclasses import dataclass, field
 from minisgl.message import DetokenizeMsg
 
 _REPLACEMENT = "\ufffd"
+
+
+@dataclass
+class Decoded:
+    text: str  # new text for this token (may be empty while a character is incomplete)
+    prompt_tokens: int
+    completion_tokens: int  # output tokens so far, this one included
 
 
 @dataclass
@@ -46,17 +55,31 @@ class DetokenizeManager:
             batch, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
 
-    def feed(self, msgs: list[DetokenizeMsg]) -> list[str | None]:
-        """New text per message, in order; None for a uid without decode state."""
+    def feed(self, msgs: list[DetokenizeMsg]) -> list[Decoded | None]:
+        """New text and counts per message, in order; None for a uid without decode state."""
+        out: list[Decoded | None] = [None] * len(msgs)
+        pending = list(enumerate(msgs))
+        while pending:  # each round holds at most one token per uid
+            seen: set[int] = set()
+            this_round, pending_next = [], []
+            for item in pending:
+                (pending_next if item[1].uid in seen else this_round).append(item)
+                seen.add(item[1].uid)
+            self._feed_round(this_round, out)
+            pending = pending_next
+        return out
+
+    def _feed_round(
+        self, items: list[tuple[int, DetokenizeMsg]], out: list[Decoded | None]
+    ) -> None:
         live: list[tuple[int, DecodeState, DetokenizeMsg]] = []
-        for i, msg in enumerate(msgs):
+        for i, msg in items:
             if (state := self.decode_map.get(msg.uid)) is not None:
                 state.ids.append(msg.next_token)
                 live.append((i, state, msg))
         before = self._decode([s.ids[s.prefix_offset : s.read_offset] for _, s, _ in live])
         after = self._decode([s.ids[s.prefix_offset :] for _, s, _ in live])
 
-        out: list[str | None] = [None] * len(msgs)
         for (i, state, msg), old, new in zip(live, before, after, strict=True):
             delta = new[len(old) :]
             finished = msg.finish_reason is not None
@@ -66,7 +89,6 @@ class DetokenizeManager:
                 delta = delta.rstrip(_REPLACEMENT)  # bytes that never completed a character
             else:
                 delta = ""
-            out[i] = delta
+            out[i] = Decoded(delta, state.prompt_tokens, len(state.ids))
             if finished:
                 self.remove(msg.uid)
-        return out

@@ -108,23 +108,18 @@ class TokenizerWorker:
     def _detokenize(self, run: list[DetokenizeMsg]) -> list[FrontendMsg]:
         if not run:
             return []
-        decode_map = self.detokenize_manager.decode_map
-        counts = []
-        for msg in run:  # read before feed(): a finishing token removes the state
-            state = decode_map.get(msg.uid)
-            counts.append(None if state is None else (state.prompt_tokens, len(state.ids) + 1))
         replies: list[FrontendMsg] = []
-        for msg, text, count in zip(run, self.detokenize_manager.feed(run), counts):
-            if text is None or count is None:
+        for msg, decoded in zip(run, self.detokenize_manager.feed(run)):
+            if decoded is None:
                 continue  # late token of an aborted request: dropped
             replies.append(
                 UserReply(
                     msg.uid,
-                    text,
+                    decoded.text,
                     finished=msg.finish_reason is not None,
                     finish_reason=msg.finish_reason,
-                    prompt_tokens=count[0],
-                    completion_tokens=count[1],
+                    prompt_tokens=decoded.prompt_tokens,
+                    completion_tokens=decoded.completion_tokens,
                 )
             )
         return replies

@@ -29,8 +29,9 @@ def test_deltas_concatenate_to_the_text_and_never_hold_a_broken_character(tokeni
     deltas = []
     for i, token in enumerate(ids):
         finish = "stop" if i == len(ids) - 1 else None
-        (delta,) = detok.feed([DetokenizeMsg(7, token, finish)])
-        assert delta is not None and "\ufffd" not in delta
+        (decoded,) = detok.feed([DetokenizeMsg(7, token, finish)])
+        delta = decoded.text
+        assert "\ufffd" not in delta and decoded.completion_tokens == i + 1
         deltas.append(delta)
     assert "".join(deltas) == text
     assert 7 not in detok.decode_map  # the finishing token removed the state
@@ -42,7 +43,7 @@ def test_characters_split_across_tokens_are_held_back_until_complete(tokenizer):
     assert len(ids) > 6
     detok = DetokenizeManager(tokenizer)
     detok.add(8)
-    deltas = [d for (d,) in (detok.feed([DetokenizeMsg(8, t)]) for t in ids)]
+    deltas = [d.text for (d,) in (detok.feed([DetokenizeMsg(8, t)]) for t in ids)]
     assert deltas.count("") >= len(ids) - 3  # only a completing token emits text
     assert [d for d in deltas if d] == ["鲸", "鱼", "🐳"]
 
@@ -59,8 +60,8 @@ def test_interleaved_requests_keep_their_own_text(tokenizer):
             msgs.append(DetokenizeMsg(1, a[i], "stop" if i == len(a) - 1 else None))
         if i < len(b):
             msgs.append(DetokenizeMsg(2, b[i], "stop" if i == len(b) - 1 else None))
-        for msg, delta in zip(msgs, detok.feed(msgs)):
-            out[msg.uid] += delta
+        for msg, decoded in zip(msgs, detok.feed(msgs)):
+            out[msg.uid] += decoded.text
     assert out == {1: TEXTS[0], 2: TEXTS[1]}
     assert detok.decode_map == {}
 
@@ -78,5 +79,17 @@ def test_an_unfinished_multibyte_tail_is_not_emitted_at_finish(tokenizer):
     assert len(ids) > 1  # the emoji spans several byte-level tokens
     detok = DetokenizeManager(tokenizer)
     detok.add(4)
-    (delta,) = detok.feed([DetokenizeMsg(4, ids[0], "length")])  # cut off mid-character
-    assert delta == ""
+    (decoded,) = detok.feed([DetokenizeMsg(4, ids[0], "length")])  # cut off mid-character
+    assert decoded.text == ""
+
+
+def test_several_steps_of_one_uid_in_one_batch_decode_in_order(tokenizer):
+    text = TEXTS[1]
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    detok = DetokenizeManager(tokenizer)
+    detok.add(9, prompt_tokens=3)
+    msgs = [DetokenizeMsg(9, t, "stop" if i == len(ids) - 1 else None) for i, t in enumerate(ids)]
+    decoded = detok.feed(msgs)  # a worker that fell behind: every step in one batch
+    assert "".join(d.text for d in decoded) == text
+    assert [d.completion_tokens for d in decoded] == list(range(1, len(ids) + 1))
+    assert {d.prompt_tokens for d in decoded} == {3}

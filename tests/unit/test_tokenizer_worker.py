@@ -1,0 +1,478 @@
+"""TokenizerWorker driven with fake messages: per-uid decode state is created by the prompt,
+removed by every terminal event, late messages die quietly, and batches keep their order."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from tiny import make_tokenizer
+
+from minisgl.core import SamplingParams
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    BackendErrorMsg,
+    DetokenizeMsg,
+    LifecycleQueryMsg,
+    LifecycleStateMsg,
+    SchedulerStateMsg,
+    StateQueryMsg,
+    TokenizeMsg,
+    UserMsg,
+    UserReply,
+    pack_ids,
+)
+from minisgl.tokenizer.server import TokenizerWorker
+
+MULTIBYTE = "什么是 KV Cache？鲸鱼🐳 and ✨ 流式输出。"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return make_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+class Recorder:
+    """The worker's two send callables; every call is kept, empty ones included."""
+
+    def __init__(self) -> None:
+        self.backend_calls: list[list] = []
+        self.frontend_calls: list[list] = []
+
+    def send_backend(self, msgs: list) -> None:
+        self.backend_calls.append(list(msgs))
+
+    def send_frontend(self, msgs: list) -> None:
+        self.frontend_calls.append(list(msgs))
+
+    @property
+    def backend(self) -> list:
+        return [m for call in self.backend_calls for m in call]
+
+    @property
+    def frontend(self) -> list:
+        return [m for call in self.frontend_calls for m in call]
+
+    def clear(self) -> None:
+        self.backend_calls.clear()
+        self.frontend_calls.clear()
+
+
+def _worker(tokenizer) -> tuple[TokenizerWorker, Recorder]:
+    rec = Recorder()
+    return TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend), rec
+
+
+def _params() -> SamplingParams:
+    return SamplingParams(max_tokens=8, temperature=0.5, seed=3)
+
+
+def _ascii_tokens(tokenizer, text: str = "The capital of France") -> list[int]:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert len(ids) >= 3
+    return ids
+
+
+def _states(worker: TokenizerWorker) -> dict:
+    return worker.detokenize_manager.decode_map
+
+
+# ------------------------------------------------------------------ TokenizeMsg
+
+
+def test_text_prompt_creates_decode_state_and_sends_user_msg_with_its_ids(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    text = "The capital of Italy is Rome."
+    worker.handle([TokenizeMsg(1, _params(), text=text)])
+
+    (msg,) = rec.backend
+    assert isinstance(msg, UserMsg) and msg.uid == 1
+    assert msg.input_ids == tokenizer.encode(text, add_special_tokens=True)
+    assert tokenizer.decode(msg.input_ids) == text
+    assert msg.sampling_params == _params()
+    assert rec.frontend == []
+    assert list(_states(worker)) == [1]
+    assert _states(worker)[1].prompt_tokens == len(msg.input_ids)
+    assert worker.state() == {"decode_states": 1}
+
+
+def test_chat_messages_go_through_the_template_with_the_generation_prompt(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "什么是 KV Cache？"},
+    ]
+    worker.handle([TokenizeMsg(2, _params(), messages=messages)])
+
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert rendered.endswith("<|im_start|>assistant\n")
+    (msg,) = rec.backend
+    assert isinstance(msg, UserMsg) and msg.uid == 2
+    assert msg.input_ids == tokenizer.encode(rendered, add_special_tokens=False)
+    assert tokenizer.decode(msg.input_ids) == rendered
+    assert rec.frontend == []
+    assert _states(worker)[2].prompt_tokens == len(msg.input_ids)
+
+
+def test_packed_token_ids_are_passed_through_unchanged(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    ids = [5, 0, 511, 42, 42, 7]
+    worker.handle([TokenizeMsg(3, _params(), input_ids_packed=pack_ids(ids))])
+
+    (msg,) = rec.backend
+    assert isinstance(msg, UserMsg) and msg.uid == 3 and msg.input_ids == ids
+    assert rec.frontend == []
+    assert _states(worker)[3].prompt_tokens == len(ids)
+
+
+def _assert_single_400_error(rec: Recorder, worker: TokenizerWorker, uid: int) -> UserReply:
+    assert not any(isinstance(m, UserMsg) for m in rec.backend)
+    (reply,) = rec.frontend
+    assert isinstance(reply, UserReply) and reply.uid == uid
+    assert reply.finished and reply.finish_reason is None
+    assert reply.error is not None and reply.error.status == 400
+    assert reply.error.message
+    assert _states(worker) == {}
+    return reply
+
+
+def test_a_chat_template_that_raises_is_one_400_error_reply_and_no_state(tokenizer) -> None:
+    raising = copy.deepcopy(tokenizer)
+    raising.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('system messages are not supported') }}"
+        "{% endif %}{{ m['content'] }}{% endfor %}"
+    )
+    worker, rec = _worker(raising)
+    messages = [{"role": "system", "content": "x"}, {"role": "user", "content": "hi"}]
+    worker.handle([TokenizeMsg(4, _params(), messages=messages)])
+
+    reply = _assert_single_400_error(rec, worker, 4)
+    assert "system messages are not supported" in reply.error.message
+
+
+def test_chat_messages_without_a_chat_template_are_one_400_error_reply(tokenizer) -> None:
+    bare = copy.deepcopy(tokenizer)
+    bare.chat_template = None
+    worker, rec = _worker(bare)
+    worker.handle([TokenizeMsg(5, _params(), messages=[{"role": "user", "content": "hi"}])])
+    _assert_single_400_error(rec, worker, 5)
+
+
+class _BrokenEncoder:
+    """A tokenizer whose encode fails; decoding still works (it is never reached)."""
+
+    chat_template = None
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def encode(self, *args, **kwargs):
+        raise RuntimeError("encoder exploded")
+
+    def batch_decode(self, *args, **kwargs):
+        return self.inner.batch_decode(*args, **kwargs)
+
+
+def test_an_encoder_failure_is_one_400_error_and_the_batch_goes_on(tokenizer) -> None:
+    worker, rec = _worker(_BrokenEncoder(tokenizer))
+    ids = [9, 10, 11]
+    worker.handle(
+        [
+            TokenizeMsg(6, _params(), text="anything"),
+            TokenizeMsg(7, _params(), input_ids_packed=pack_ids(ids)),  # needs no encoder
+        ]
+    )
+    (reply,) = rec.frontend
+    assert reply.uid == 6 and reply.finished and reply.error.status == 400
+    assert "encoder exploded" in reply.error.message
+    (msg,) = rec.backend
+    assert isinstance(msg, UserMsg) and msg.uid == 7 and msg.input_ids == ids
+    assert list(_states(worker)) == [7]
+
+
+# ------------------------------------------------------------------ AbortMsg
+
+
+def test_abort_removes_the_decode_state_and_forwards_abort_backend(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(10, _params(), text="hello")])
+    rec.clear()
+
+    worker.handle([AbortMsg(10)])
+    assert rec.backend == [AbortBackendMsg(10)]
+    assert rec.frontend == []  # the API server already forgot the uid: no reply
+    assert _states(worker) == {}
+    assert worker.state() == {"decode_states": 0}
+
+
+def test_abort_of_an_unknown_uid_is_still_forwarded_and_creates_nothing(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([AbortMsg(404)])
+    assert rec.backend == [AbortBackendMsg(404)]
+    assert rec.frontend == [] and _states(worker) == {}
+
+
+# ------------------------------------------------------------------ DetokenizeMsg
+
+
+def test_detokenize_sends_incremental_text_with_running_counts_and_finish(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    prompt = [3, 4, 5, 6]
+    worker.handle([TokenizeMsg(11, _params(), input_ids_packed=pack_ids(prompt))])
+    out = _ascii_tokens(tokenizer, "Paris is the capital")
+    rec.clear()
+
+    for i, token in enumerate(out):
+        finish = "stop" if i == len(out) - 1 else None
+        worker.handle([DetokenizeMsg(11, token, finish)])
+        (reply,) = rec.frontend_calls[-1]
+        assert isinstance(reply, UserReply) and reply.uid == 11
+        assert reply.prompt_tokens == len(prompt)
+        assert reply.completion_tokens == i + 1
+        assert reply.finished is (finish is not None)
+        assert reply.finish_reason == finish
+        assert reply.error is None
+        if finish is None:
+            assert list(_states(worker)) == [11]
+
+    assert "".join(r.incremental_output for r in rec.frontend) == "Paris is the capital"
+    assert rec.backend == []
+    assert _states(worker) == {}  # the finishing token removed the decode state
+
+
+def test_a_length_finish_is_terminal_too(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(12, _params(), input_ids_packed=pack_ids([3, 4]))])
+    rec.clear()
+    (token,) = tokenizer.encode("a", add_special_tokens=False)
+    worker.handle([DetokenizeMsg(12, token, "length")])
+    (reply,) = rec.frontend
+    assert reply.finished and reply.finish_reason == "length" and reply.incremental_output == "a"
+    assert _states(worker) == {}
+
+
+def test_a_detokenize_after_abort_is_dropped_and_recreates_no_state(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(13, _params(), text="hi")])
+    worker.handle([AbortMsg(13)])
+    rec.clear()
+
+    out = _ascii_tokens(tokenizer)
+    worker.handle([DetokenizeMsg(13, out[0])])
+    worker.handle([DetokenizeMsg(13, out[1]), DetokenizeMsg(13, out[2], "stop")])
+    assert rec.frontend == [] and rec.backend == []
+    assert _states(worker) == {}
+
+
+def test_a_detokenize_for_a_never_seen_uid_is_dropped(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([DetokenizeMsg(999, 5, "stop")])
+    assert rec.frontend == [] and _states(worker) == {}
+
+
+# ------------------------------------------------------------------ BackendErrorMsg
+
+
+def test_backend_error_is_a_terminal_error_reply_with_the_same_fields(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(20, _params(), input_ids_packed=pack_ids([1] * 70))])
+    rec.clear()
+
+    worker.handle(
+        [
+            BackendErrorMsg(
+                20,
+                "the prompt has 70 tokens",
+                status=400,
+                code="context_length_exceeded",
+                param="messages",
+            )
+        ]
+    )
+    (reply,) = rec.frontend
+    assert isinstance(reply, UserReply) and reply.uid == 20
+    assert reply.finished and reply.finish_reason is None
+    assert reply.error is not None
+    assert reply.error.message == "the prompt has 70 tokens"
+    assert reply.error.status == 400
+    assert reply.error.code == "context_length_exceeded"
+    assert reply.error.param == "messages"
+    assert reply.prompt_tokens == 70
+    assert rec.backend == []
+    assert _states(worker) == {}
+
+
+def test_backend_error_keeps_a_non_400_status(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(21, _params(), text="x")])
+    rec.clear()
+    worker.handle([BackendErrorMsg(21, "engine failed", status=503, code="backend_error")])
+    (reply,) = rec.frontend
+    assert reply.error.status == 503 and reply.error.code == "backend_error"
+    assert reply.error.param is None
+    assert _states(worker) == {}
+
+
+def test_backend_error_for_an_aborted_uid_is_dropped(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(22, _params(), text="x")])
+    worker.handle([AbortMsg(22)])
+    rec.clear()
+    worker.handle([BackendErrorMsg(22, "too late", code="context_length_exceeded")])
+    assert rec.frontend == [] and rec.backend == []
+    assert _states(worker) == {}
+
+
+def test_a_token_after_a_backend_error_is_dropped(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(23, _params(), text="x")])
+    rec.clear()
+    worker.handle([BackendErrorMsg(23, "boom"), DetokenizeMsg(23, 5)])
+    (reply,) = rec.frontend  # exactly one terminal reply
+    assert reply.error is not None and reply.finished
+    assert _states(worker) == {}
+
+
+# ------------------------------------------------------------------ lifecycle queries
+
+
+def test_lifecycle_query_round_trip_reports_the_tokenizer_own_count(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle(
+        [
+            TokenizeMsg(30, _params(), text="a"),
+            TokenizeMsg(31, _params(), text="b"),
+            LifecycleQueryMsg(query_id=77),
+        ]
+    )
+    assert rec.backend[-1] == StateQueryMsg(77)
+    assert rec.frontend == []  # the answer waits for the scheduler
+    rec.clear()
+
+    sched_state = {"pending": 1, "running": 1, "table_slots_used": 2, "kv_pages_used": 3}
+    worker.handle([SchedulerStateMsg(77, sched_state)])
+    (msg,) = rec.frontend
+    assert isinstance(msg, LifecycleStateMsg) and msg.query_id == 77
+    assert msg.tokenizer == {"decode_states": 2}
+    assert msg.scheduler == sched_state
+    assert rec.backend == []
+
+
+def test_lifecycle_state_counts_zero_after_every_request_ended(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    (token,) = tokenizer.encode("a", add_special_tokens=False)
+    worker.handle(
+        [
+            TokenizeMsg(32, _params(), text="a"),
+            TokenizeMsg(33, _params(), text="b"),
+            TokenizeMsg(34, _params(), text="c"),
+        ]
+    )
+    worker.handle([AbortMsg(32), BackendErrorMsg(33, "bad"), DetokenizeMsg(34, token, "stop")])
+    rec.clear()
+    worker.handle([SchedulerStateMsg(1, {})])
+    (msg,) = rec.frontend
+    assert msg.tokenizer == {"decode_states": 0}
+
+
+# ------------------------------------------------------------------ ordering
+
+
+def test_a_mixed_batch_is_handled_in_order(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    a, b, c = _ascii_tokens(tokenizer)[:3]
+    worker.handle([TokenizeMsg(2, _params(), input_ids_packed=pack_ids([3, 4]))])
+    rec.clear()
+
+    worker.handle(
+        [
+            TokenizeMsg(1, _params(), input_ids_packed=pack_ids([3, 4, 5])),
+            DetokenizeMsg(2, a),
+            DetokenizeMsg(1, b),  # after its TokenizeMsg: has state, gets a reply
+            AbortMsg(1),
+            DetokenizeMsg(1, c),  # after the abort: dropped
+            DetokenizeMsg(2, c, "stop"),
+        ]
+    )
+    assert [type(m) for m in rec.backend] == [UserMsg, AbortBackendMsg]
+    assert rec.backend[0].uid == 1 and rec.backend[1] == AbortBackendMsg(1)
+    got = [(r.uid, r.incremental_output, r.completion_tokens, r.finished) for r in rec.frontend]
+    assert got == [
+        (2, tokenizer.decode([a]), 1, False),
+        (1, tokenizer.decode([b]), 1, False),
+        (2, tokenizer.decode([c]), 2, True),
+    ]
+    assert _states(worker) == {}
+
+
+def test_a_detokenize_before_its_tokenize_in_the_same_batch_is_dropped(tokenizer) -> None:
+    worker, rec = _worker(tokenizer)
+    (token,) = tokenizer.encode("a", add_special_tokens=False)
+    # the token precedes the prompt: batching must not move it after the TokenizeMsg
+    worker.handle([DetokenizeMsg(40, token), TokenizeMsg(40, _params(), text="a")])
+    assert rec.frontend == []
+    assert _states(worker)[40].ids == []
+
+
+def test_several_steps_of_one_uid_in_one_batch_each_count_and_no_text_repeats(
+    tokenizer,
+) -> None:
+    # one PullQueue.get returns every frame waiting: tokens of several scheduler steps for
+    # the same uid then sit next to each other in one batch
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(50, _params(), input_ids_packed=pack_ids([3, 4]))])
+    rec.clear()
+    text = "The capital of France"
+    out = _ascii_tokens(tokenizer, text)
+    worker.handle(
+        [DetokenizeMsg(50, t, "stop" if i == len(out) - 1 else None) for i, t in enumerate(out)]
+    )
+    replies = rec.frontend
+    assert [r.completion_tokens for r in replies] == list(range(1, len(out) + 1))
+    assert "".join(r.incremental_output for r in replies) == text
+    assert [r.finished for r in replies] == [False] * (len(out) - 1) + [True]
+    assert _states(worker) == {}
+
+
+# ------------------------------------------------------------------ multibyte text
+
+
+@pytest.mark.parametrize("per_step", [1, 2], ids=["one_step_per_batch", "two_steps_per_batch"])
+def test_chinese_and_emoji_split_across_tokens_arrive_whole(tokenizer, per_step) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle(
+        [
+            TokenizeMsg(60, _params(), input_ids_packed=pack_ids([3])),
+            TokenizeMsg(61, _params(), input_ids_packed=pack_ids([3])),
+        ]
+    )
+    rec.clear()
+    ids = tokenizer.encode(MULTIBYTE, add_special_tokens=False)
+    # some characters span several tokens: alone, those tokens decode to U+FFFD
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids)
+    other = _ascii_tokens(tokenizer, "Streaming responses send tokens")
+
+    # two requests interleaved; `per_step` steps of tokens arrive per batch
+    steps = []
+    for i in range(max(len(ids), len(other))):
+        step = []
+        if i < len(ids):
+            step.append(DetokenizeMsg(60, ids[i], "stop" if i == len(ids) - 1 else None))
+        if i < len(other):
+            step.append(DetokenizeMsg(61, other[i], "stop" if i == len(other) - 1 else None))
+        steps.append(step)
+    for k in range(0, len(steps), per_step):
+        worker.handle([m for step in steps[k : k + per_step] for m in step])
+
+    texts = {60: "", 61: ""}
+    for r in rec.frontend:
+        assert "\ufffd" not in r.incremental_output
+        texts[r.uid] += r.incremental_output
+    assert texts == {60: MULTIBYTE, 61: "Streaming responses send tokens"}
+    assert [r.completion_tokens for r in rec.frontend if r.uid == 60] == list(
+        range(1, len(ids) + 1)
+    )
+    assert sum(r.finished for r in rec.frontend) == 2
+    assert _states(worker) == {}
