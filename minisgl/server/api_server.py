@@ -56,12 +56,22 @@ async def _sweep_stalls(frontend: FrontendManager, timeout: float) -> None:
         frontend.check_stalls(loop.time(), timeout)
 
 
-class _QuietIncompleteResponse(logging.Filter):
+def _on_background_exit(task: asyncio.Task, frontend: FrontendManager) -> None:
+    """The listener and the sweeper run for the server's life; if one dies of a bug, no
+    request could ever finish: fail them all and report unhealthy rather than hang."""
+    if task.cancelled() or task.exception() is None:
+        return
+    logger.error("a frontend background task died", exc_info=task.exception())
+    frontend.fail_all(unavailable(f"internal error in the API server: {task.exception()!r}"))
+
+
+def _quiet_incomplete_response(record: logging.LogRecord) -> bool:
     """A stalled client's connection is closed on purpose (and logged by us); drop
     uvicorn's generic error line for it."""
+    return "ASGI callable returned without completing response" not in record.getMessage()
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "ASGI callable returned without completing response" not in record.getMessage()
+
+logging.getLogger("uvicorn.error").addFilter(_quiet_incomplete_response)
 
 
 def create_app(
@@ -81,9 +91,10 @@ def create_app(
             asyncio.create_task(frontend.listen()),
             asyncio.create_task(_sweep_stalls(frontend, args.client_stall_timeout)),
         ]
+        for task in tasks:
+            task.add_done_callback(lambda t: _on_background_exit(t, frontend))
         if on_start is not None:
             on_start(frontend)
-        logging.getLogger("uvicorn.error").addFilter(_QuietIncompleteResponse())
         try:
             yield
         finally:

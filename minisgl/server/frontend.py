@@ -26,6 +26,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
+import msgspec
+
 from minisgl.message import (
     AbortMsg,
     ErrorInfo,
@@ -162,7 +164,12 @@ class FrontendManager:
     # --8<-- [start:listen]
     async def listen(self) -> None:
         while True:
-            for msg in await self._recv():
+            try:
+                msgs = await self._recv()
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                logger.exception("dropped an undecodable frame from the tokenizer worker")
+                continue
+            for msg in msgs:
                 if isinstance(msg, LifecycleStateMsg):
                     if (fut := self._queries.get(msg.query_id)) and not fut.done():
                         fut.set_result(msg)

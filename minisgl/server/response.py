@@ -71,9 +71,12 @@ async def serve_until_disconnect(serve: Awaitable[None], receive: Receive) -> No
     try:
         await asyncio.wait({body, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        # a disconnect cancels the body: its request scope exits and sends AbortMsg
-        body.cancel()
         watcher.cancel()
+        if not body.done():
+            # the client is gone: cancel the body and let its request scope exit
+            # (sending AbortMsg) before this response returns
+            body.cancel()
+            await asyncio.wait({body})
     if not body.cancelled() and body.exception() is not None:
         raise body.exception()
 
