@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 run: install
-	$(BIN)/python -m minisgl --prompt "What is KV cache in LLM serving? Answer briefly." $(ARGS)
+	$(BIN)/python -m minisgl $(ARGS)
 
 test: install
 	$(BIN)/python -m pytest -q

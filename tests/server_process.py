@@ -106,3 +106,42 @@ class RunningServer:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+# ---------------------------------------------------------------- worker processes (Linux /proc)
+def unix_socket_paths(pid: int) -> list[str]:
+    """Paths of the bound unix sockets (ZMQ ipc:// inboxes) that process `pid` holds open."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    paths = []
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 8 and parts[6] in inodes:
+            paths.append(parts[7])
+    return paths
+
+
+def inbox_owner(server: RunningServer, inbox: str) -> int:
+    """The pid of the server process that binds the ZMQ inbox `inbox` ("frontend",
+    "tokenizer" or "scheduler"): the launcher names one inbox socket per process."""
+    for pid in server.children():
+        try:
+            if any(p.endswith(f"/{inbox}") for p in unix_socket_paths(pid)):
+                return pid
+        except OSError:  # a process that exited meanwhile
+            continue
+    raise LookupError(f"no process of the server binds the {inbox!r} inbox")
+
+
+def ipc_dir(server: RunningServer) -> Path:
+    """The server's per-instance IPC directory (where its ZMQ sockets live)."""
+    for path in unix_socket_paths(server.proc.pid):
+        if path.endswith("/frontend"):
+            return Path(path).parent
+    raise LookupError("the API server binds no frontend inbox")

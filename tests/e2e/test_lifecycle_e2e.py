@@ -1,0 +1,210 @@
+"""The lifecycle contract on the real server (tiny Llama, 2048-token context): concurrent
+streams, client disconnects while streaming and while not, refused requests. After every
+test /debug/lifecycle is back at zero in all three processes within a second."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+from e2e_helpers import SSE_DONE, assert_error_body, chat_body, raw_post, split_sse, start_server
+
+MAX_SEQ_LEN = 2048
+LONG = 1500  # tokens: a request that stays in flight for a while
+
+
+@pytest.fixture(scope="module")
+def server(long_context_dir):
+    s = start_server(
+        long_context_dir,
+        "--max-seq-len",
+        str(MAX_SEQ_LEN),
+        "--max-running-requests",
+        "64",
+    )
+    yield s
+    s.stop()
+
+
+@pytest.fixture(autouse=True)
+def _lifecycle_back_at_zero(server):
+    yield
+    server.wait_zero(1.0)
+
+
+def _url(server) -> str:
+    return f"{server.base_url}/v1/chat/completions"
+
+
+def _wait_running(server, n: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (state := server.lifecycle())["scheduler"]["running"] < n:
+        assert time.monotonic() < deadline, f"never {n} running: {state}"
+        time.sleep(0.02)
+
+
+def _still_serves(server) -> None:
+    r = httpx.post(_url(server), json=chat_body(server.model_name, max_tokens=3), timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
+
+
+# ---------------------------------------------------------------- concurrency
+PROMPTS = ["The capital of France is", "什么是 KV Cache？", "def forward(self, x):", "🚀 ✨"]
+LENGTHS = [8, 24]
+
+
+async def test_32_concurrent_streams_complete_correctly(server):
+    combos = [(p, n) for p in PROMPTS for n in LENGTHS]
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=64)) as http:
+
+        async def reference(prompt: str, n: int) -> str:
+            body = chat_body(server.model_name, prompt, max_tokens=n, temperature=0)
+            r = await http.post(_url(server), json={**body, "ignore_eos": True})
+            assert r.status_code == 200
+            return r.json()["choices"][0]["message"]["content"]
+
+        expected = {combo: await reference(*combo) for combo in combos}
+
+        async def stream(prompt: str, n: int) -> bytes:
+            body = chat_body(server.model_name, prompt, max_tokens=n, temperature=0)
+            body.update(stream=True, ignore_eos=True)
+            async with http.stream("POST", _url(server), json=body) as r:
+                assert r.status_code == 200
+                return b"".join([part async for part in r.aiter_raw()])
+
+        jobs = [combos[i % len(combos)] for i in range(32)]
+        raws = await asyncio.gather(*(stream(*job) for job in jobs))
+
+    for job, raw in zip(jobs, raws):
+        assert raw.endswith(SSE_DONE) and raw.count(SSE_DONE) == 1
+        chunks = [json.loads(p) for p in split_sse(raw)[:-1]]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+        assert text == expected[job], job
+    server.wait_zero(1.0)
+
+
+async def test_usage_and_text_are_exact_when_the_tokenizer_falls_behind(server):
+    """16 greedy requests at once: the tokenizer worker then receives several steps of one
+    request in one batch; each must still count every token and emit its text once."""
+    n = 300
+    body = chat_body(server.model_name, "The capital of", max_tokens=n, temperature=0)
+    body["ignore_eos"] = True
+    async with httpx.AsyncClient(timeout=120) as http:
+        alone = (await http.post(_url(server), json=body)).json()
+        together = await asyncio.gather(*(http.post(_url(server), json=body) for _ in range(16)))
+    assert alone["usage"]["completion_tokens"] == n
+    for r in together:
+        out = r.json()
+        assert out["usage"]["completion_tokens"] == n
+        assert out["choices"][0]["message"]["content"] == alone["choices"][0]["message"]["content"]
+
+
+# ---------------------------------------------------------------- client disconnects
+def test_disconnect_mid_stream_frees_all_state(server):
+    body = chat_body(server.model_name, stream=True, max_tokens=LONG, ignore_eos=True)
+    with httpx.Client(timeout=30) as http, http.stream("POST", _url(server), json=body) as r:
+        assert r.status_code == 200
+        events = 0
+        for line in r.iter_lines():
+            events += line.startswith("data: {")
+            if events == 2:
+                state = server.lifecycle()
+                assert state["scheduler"]["running"] == 1, state  # still generating
+                break  # leaving the loop closes the connection (httpcore's stream is closed)
+    server.wait_zero(1.0)
+    _still_serves(server)
+
+
+def test_disconnect_mid_non_stream_frees_all_state(server):
+    sock = raw_post(
+        server.port,
+        "/v1/chat/completions",
+        chat_body(server.model_name, max_tokens=LONG, ignore_eos=True),
+    )
+    try:
+        _wait_running(server, 1)
+    finally:
+        sock.close()
+    server.wait_zero(1.0)
+    _still_serves(server)
+
+
+def test_early_exit_of_the_openai_stream_frees_all_state(server):
+    import openai
+
+    with openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model=server.model_name,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=LONG,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for i, _ in enumerate(stream):
+            if i == 2:
+                assert server.lifecycle()["scheduler"]["running"] == 1  # still generating
+                break
+        stream.close()
+    server.wait_zero(1.0)
+
+
+# ---------------------------------------------------------------- refused requests
+@pytest.mark.parametrize("stream", [False, True])
+def test_over_long_prompt_is_a_prompt_400(server, stream):
+    body = chat_body(server.model_name, "x" * (MAX_SEQ_LEN + 50), max_tokens=4, stream=stream)
+    start = time.monotonic()
+    r = httpx.post(_url(server), json=body, timeout=30)
+    assert time.monotonic() - start < 2.0
+    assert r.status_code == 400
+    assert r.headers["content-type"].startswith("application/json")
+    error = assert_error_body(r.json(), "context_length_exceeded")
+    assert error["param"] == "messages"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_model_is_404(server, stream):
+    r = httpx.post(_url(server), json={**chat_body("no-such-model"), "stream": stream}, timeout=30)
+    assert r.status_code == 404
+    error = assert_error_body(r.json(), "model_not_found")
+    assert error["param"] == "model"
+
+
+BAD_BODIES = {
+    "malformed_json": (b'{"model": "m", "messages": [', None),
+    "not_an_object": (b"[1, 2, 3]", None),
+    "max_tokens_string": ({"max_tokens": "5"}, "max_tokens"),
+    "temperature_string": ({"temperature": "0.5"}, "temperature"),
+    "stream_string": ({"stream": "yes"}, "stream"),
+    "messages_string": ({"messages": "hi"}, "messages"),
+    "messages_empty": ({"messages": []}, "messages"),
+    "role_unknown": ({"messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+    "max_tokens_zero": ({"max_tokens": 0}, "max_tokens"),
+    "temperature_too_high": ({"temperature": 5.0}, "temperature"),
+    "unknown_parameter": ({"frobnicate": 1}, "frobnicate"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BODIES))
+def test_bad_request_is_400_with_openai_error_body(server, case):
+    patch, param = BAD_BODIES[case]
+    if isinstance(patch, bytes):
+        r = httpx.post(
+            _url(server),
+            content=patch,
+            headers={"content-type": "application/json"},
+            timeout=30,
+        )
+    else:
+        r = httpx.post(_url(server), json={**chat_body(server.model_name), **patch}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.headers["content-type"].startswith("application/json")
+    error = assert_error_body(r.json())
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param, error
+    if case == "unknown_parameter":
+        assert "frobnicate" in error["message"]
