@@ -5,7 +5,9 @@ response object (response.py) that owns the request's lifecycle. No route runs m
 or blocks the event loop. Every error is an OpenAI-style body
 `{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
 
-Routes: POST /v1/chat/completions, GET /v1/models, GET /health, GET /debug/lifecycle.
+Routes: POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics,
+GET /debug/lifecycle. In front of them: X-Request-Id, the API key check and the request
+body limit (middleware.py).
 """
 
 from __future__ import annotations
@@ -20,19 +22,29 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
 
 from minisgl.message import ErrorInfo, TokenizeMsg
 
 from .args import ServerArgs
-from .frontend import BackendUnavailable, FrontendManager
+from .frontend import FrontendManager, Refused
+from .metrics import ServerMetrics
+from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from .protocol import ChatCompletionRequest, ChatFormat, error_body
 from .response import FullResponse, StreamResponse, unavailable
 
 logger = logging.getLogger(__name__)
 
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+
 
 def error_response(error: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(error_body(error), status_code=error.status, headers=headers)
+
+
+def refused_response(refused: Refused) -> JSONResponse:
+    headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after else None
+    return error_response(refused.error, headers)
 
 
 def _validation_error(exc: RequestValidationError) -> ErrorInfo:
@@ -77,15 +89,16 @@ logging.getLogger("uvicorn.error").addFilter(_quiet_incomplete_response)
 def create_app(
     args: ServerArgs,
     model_name: str,
-    connect: Callable[[], FrontendManager],
+    connect: Callable[[ServerMetrics], FrontendManager],
     on_start: Callable[[FrontendManager], None] | None = None,
 ) -> FastAPI:
     """`connect` builds the FrontendManager inside the server's event loop; `on_start`
     lets the launcher watch its worker processes."""
+    metrics = ServerMetrics()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        frontend = connect()
+        frontend = connect(metrics)
         app.state.frontend = frontend
         tasks = [
             asyncio.create_task(frontend.listen()),
@@ -102,14 +115,23 @@ def create_app(
                 task.cancel()
 
     app = FastAPI(title="minisgl", lifespan=lifespan)
+    app.state.metrics = metrics
+    # added last = outermost: every answer, a 401 or 413 too, carries its X-Request-Id
+    app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_body_bytes)
+    if args.api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+    app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation_error(request: Request, exc: RequestValidationError):
-        return error_response(_validation_error(exc))
+        error = _validation_error(exc)
+        metrics.on_rejected(error.code or "invalid_request")
+        return error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http_error(request: Request, exc: StarletteHTTPException):
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        code = _HTTP_CODES.get(exc.status_code)
+        metrics.on_rejected(code or str(exc.status_code))
         return error_response(ErrorInfo(str(exc.detail), exc.status_code, code=code))
 
     def frontend() -> FrontendManager:
@@ -119,6 +141,7 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def v1_chat_completions(req: ChatCompletionRequest):
         if req.model != model_name:
+            metrics.on_rejected("model_not_found")
             return error_response(
                 ErrorInfo(
                     f"the model {req.model!r} does not exist; this server serves {model_name!r}",
@@ -127,8 +150,6 @@ def create_app(
                     param="model",
                 )
             )
-        if (error := frontend().backend_error) is not None:
-            return error_response(unavailable(error.message))
         params = req.sampling_params()
         messages = [m.as_template_input() for m in req.messages]
 
@@ -156,15 +177,29 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        if (error := frontend().backend_error) is not None:
-            return error_response(unavailable(error.message))
+        try:
+            frontend().check_admission()
+        except Refused as refused:
+            if refused.error.code != "overloaded":  # busy is still healthy
+                return refused_response(refused)
         return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus_metrics():
+        try:
+            lifecycle = await frontend().lifecycle(timeout=1.0)
+        except (Refused, asyncio.TimeoutError):
+            lifecycle = None  # the workers' gauges keep their last values
+        body = metrics.render(len(frontend().states), lifecycle)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/debug/lifecycle")
     async def debug_lifecycle():
         try:
             return await frontend().lifecycle()
-        except (BackendUnavailable, asyncio.TimeoutError) as exc:
-            return error_response(unavailable(f"a worker did not answer: {exc or 'timeout'}"))
+        except Refused as refused:
+            return refused_response(refused)
+        except asyncio.TimeoutError:
+            return error_response(unavailable("a worker did not answer the state query"))
 
     return app

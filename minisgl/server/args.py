@@ -31,6 +31,8 @@ class ServerArgs:
     max_concurrent_requests: int = 1024
     max_pending_bytes: int = 1 << 20  # 1 MiB of unread output per request
     client_stall_timeout: float = 30.0  # seconds a streaming client may read nothing
+    max_body_bytes: int = 4 << 20  # larger request bodies are refused with 413
+    shutdown_timeout: float = 30.0  # SIGTERM: seconds in-flight requests may take to finish
     shell: bool = False
     prompt: str | None = None  # offline one-shot generation instead of a server
     max_tokens: int | None = None  # for --prompt
@@ -72,9 +74,31 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("MINISGL_API_KEY"),
         help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINISGL_API_KEY)",
     )
-    p.add_argument("--max-concurrent-requests", type=int, default=d.max_concurrent_requests)
-    p.add_argument("--max-pending-bytes", type=int, default=d.max_pending_bytes)
-    p.add_argument("--client-stall-timeout", type=float, default=d.client_stall_timeout)
+    p.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=d.max_concurrent_requests,
+        help="more requests in flight are answered 503 with Retry-After",
+    )
+    p.add_argument(
+        "--max-pending-bytes",
+        type=int,
+        default=d.max_pending_bytes,
+        help="abort a request whose unread output grows past this many bytes",
+    )
+    p.add_argument(
+        "--client-stall-timeout",
+        type=float,
+        default=d.client_stall_timeout,
+        help="abort a stream whose client reads nothing for this long while output waits",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=d.shutdown_timeout,
+        help="on SIGTERM, how long in-flight requests may take to finish before abort",
+    )
     p.add_argument("--shell", action="store_true", help="interactive chat in the terminal")
     p.add_argument("--prompt", help="generate once for this prompt, streaming to the terminal")
     p.add_argument("--max-tokens", type=int, help="with --prompt: most tokens to generate")
@@ -85,7 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
     ns = build_parser().parse_args(argv)
     args = ServerArgs(**vars(ns))
-    for name in ("page_size", "max_running_requests", "max_prefill_tokens"):
-        if getattr(args, name) < 1:
-            build_parser().error(f"--{name.replace('_', '-')} must be at least 1")
+    positive = (
+        "page_size",
+        "max_running_requests",
+        "max_prefill_tokens",
+        "max_concurrent_requests",
+        "max_pending_bytes",
+        "max_body_bytes",
+        "client_stall_timeout",
+    )
+    for name in positive:
+        if getattr(args, name) <= 0:
+            build_parser().error(f"--{name.replace('_', '-')} must be positive")
+    if args.shutdown_timeout < 0:
+        build_parser().error("--shutdown-timeout must not be negative")
     return args

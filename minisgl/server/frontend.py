@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -39,11 +40,29 @@ from minisgl.message import (
     UserReply,
 )
 
+from .metrics import ServerMetrics
+from .middleware import request_id_var
+
 logger = logging.getLogger(__name__)
 
 
-class BackendUnavailable(Exception):
-    """A worker process is gone: the request cannot be served (HTTP 503)."""
+class Refused(Exception):
+    """A request the frontend will not take on; answered with `error` (HTTP status in it)."""
+
+    def __init__(self, error: ErrorInfo, retry_after: int | None = None) -> None:
+        super().__init__(error.message)
+        self.error, self.retry_after = error, retry_after
+
+
+class BackendUnavailable(Refused):
+    """A worker process is gone: nothing can be served (HTTP 503)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(_server_error(message, "backend_unavailable"))
+
+
+def _server_error(message: str, code: str) -> ErrorInfo:
+    return ErrorInfo(message, status=503, code=code, type="server_error")
 
 
 @dataclass
@@ -104,6 +123,7 @@ class ReplyBuffer:
 @dataclass(eq=False)
 class RequestState:
     uid: int
+    request_id: str = "-"  # the X-Request-Id, for log lines about this request
     buffer: ReplyBuffer = field(default_factory=ReplyBuffer)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     # set once the terminal reply (or a local error) is in the buffer: no abort needed
@@ -112,6 +132,8 @@ class RequestState:
     sending_since: float | None = None
     task: asyncio.Task | None = None  # the task serving the request, cancelled on a stall
     stalled: bool = False
+    created_at: float = field(default_factory=time.monotonic)
+    last_token_at: float | None = None  # arrival of the latest output token (metrics)
 
 
 class FrontendManager:
@@ -120,10 +142,15 @@ class FrontendManager:
         send: Callable[[list[TokenizerMsg]], None],
         recv: Callable[[], Awaitable[list[FrontendMsg]]],
         max_pending_bytes: int = 1 << 20,
+        max_concurrent: int = 1 << 30,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         self._send = send
         self._recv = recv
         self.max_pending_bytes = max_pending_bytes
+        self.max_concurrent = max_concurrent
+        self.metrics = metrics
+        self.draining = False  # set on SIGTERM: finish what runs, take nothing new
         self.uid_counter = itertools.count()
         self.states: dict[int, RequestState] = {}
         self.backend_error: ErrorInfo | None = None  # set when a worker process died
@@ -132,9 +159,24 @@ class FrontendManager:
 
     # ---------------------------------------------------------------- state
     def new_user(self) -> RequestState:
-        state = RequestState(next(self.uid_counter))
+        state = RequestState(next(self.uid_counter), request_id_var.get())
         self.states[state.uid] = state
         return state
+
+    def check_admission(self) -> None:
+        """Raise Refused unless a new request may start now."""
+        if self.backend_error is not None:
+            raise BackendUnavailable(self.backend_error.message)
+        if self.draining:
+            error = _server_error("the server is shutting down", "shutting_down")
+            raise Refused(error, retry_after=5)
+        if len(self.states) >= self.max_concurrent:
+            error = _server_error(
+                f"the server is at its limit of {self.max_concurrent} requests in flight; "
+                "retry shortly",
+                "overloaded",
+            )
+            raise Refused(error, retry_after=1)
 
     def send_one(self, msg: TokenizerMsg) -> None:
         self._send([msg])
@@ -148,8 +190,7 @@ class FrontendManager:
     # --8<-- [start:request_scope]
     @asynccontextmanager
     async def request(self, make_msg: Callable[[int], TokenizeMsg]) -> AsyncIterator[RequestState]:
-        if self.backend_error is not None:
-            raise BackendUnavailable(self.backend_error.message)
+        self.check_admission()
         state = self.new_user()
         try:
             self.send_one(make_msg(state.uid))
@@ -158,6 +199,8 @@ class FrontendManager:
             del self.states[state.uid]
             if not state.terminal:  # left early: the workers must drop this uid too
                 self.send_one(AbortMsg(state.uid))
+            if self.metrics is not None:
+                self.metrics.on_request_end(state)
 
     # --8<-- [end:request_scope]
 
@@ -177,6 +220,8 @@ class FrontendManager:
                 state = self.states.get(msg.uid)
                 if state is None or state.terminal:
                     continue  # a late reply: its request is gone or already ended
+                if self.metrics is not None:
+                    self.metrics.on_reply(state, msg)
                 if state.buffer.append(msg):
                     state.event.set()
                 if msg.finished:
@@ -188,7 +233,8 @@ class FrontendManager:
 
     def _fail_slow_client(self, state: RequestState) -> None:
         logger.warning(
-            "uid %d: more than %d bytes of output wait unread: aborting the request",
+            "request %s (uid %d): more than %d bytes of output wait unread: aborting it",
+            state.request_id,
             state.uid,
             self.max_pending_bytes,
         )
@@ -233,14 +279,29 @@ class FrontendManager:
             if not fut.done():
                 fut.set_exception(BackendUnavailable(error.message))
 
+    def end_all(self, error: ErrorInfo) -> None:
+        """End every in-flight request with `error` (shutdown); the backend drops them."""
+        for state in list(self.states.values()):
+            self.end_with_error(state, error)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is in flight; False if some still are after `timeout`."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.states:
+            if asyncio.get_running_loop().time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
     def check_stalls(self, now: float, timeout: float) -> None:
         """Cancel requests whose client has read nothing for `timeout` s while output waits."""
         for state in list(self.states.values()):
             since = state.sending_since
             if since is not None and now - since > timeout and state.task and not state.stalled:
                 logger.warning(
-                    "uid %d: the client read nothing for %.1f s while output waited: "
-                    "aborting the request and closing the connection",
+                    "request %s (uid %d): the client read nothing for %.1f s while output "
+                    "waited: aborting the request and closing the connection",
+                    state.request_id,
                     state.uid,
                     now - since,
                 )

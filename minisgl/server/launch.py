@@ -6,9 +6,13 @@ Contract:
   the workers start from a local folder.
 - Traffic is accepted only after every worker reported ready; a worker that fails to start
   stops the launch with its reason and exit status 1.
-- SIGINT or SIGTERM stops uvicorn, then both workers; the 0700 IPC directory is removed.
+- SIGTERM drains: new requests and /health get 503, in-flight requests have
+  --shutdown-timeout seconds to finish, the rest end with an error reply; exit status 0.
+  SIGINT (Ctrl-C) does the same without waiting. A second signal stops at once.
 - A worker that dies while serving: every in-flight request ends with an error reply at
-  once (its process sentinel wakes the event loop), /health and new requests answer 503.
+  once (its process sentinel wakes the event loop), /health and new requests answer 503,
+  and the server exits with status 1 after a log line naming the dead worker.
+- Whatever the path, both workers are stopped and the 0700 IPC directory is removed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 STARTUP_TIMEOUT_S = 600.0
+FAILED_EXIT_DELAY_S = 2.0  # after a worker died: seconds of 503 answers before exiting
 
 
 class WorkerStartError(RuntimeError):
@@ -105,36 +110,94 @@ def stop_workers(procs: dict[str, BaseProcess], timeout: float = 5.0) -> None:
             proc.join()
 
 
-def watch_workers(procs: dict[str, BaseProcess], frontend: FrontendManager) -> None:
-    """End every in-flight request when a worker dies; its sentinel wakes the loop."""
-    loop = asyncio.get_running_loop()
+class Lifecycle:
+    """How the serving process ends: drained on SIGTERM, aborted on SIGINT, failed when a
+    worker dies. Owns the uvicorn server's exit flags and the launcher's exit status."""
 
-    def on_exit(name: str, proc: BaseProcess) -> None:
-        loop.remove_reader(proc.sentinel)
-        message = f"the {name} process died (exit code {proc.exitcode}); the server cannot serve"
-        logger.error(message)
-        frontend.fail_all(ErrorInfo(message, 503, code="backend_unavailable", type="server_error"))
+    def __init__(self, server: uvicorn.Server, app, shutdown_timeout: float) -> None:
+        self.server, self.app, self.shutdown_timeout = server, app, shutdown_timeout
+        self.exit_code = 0
+        self.stopping = False
 
-    for name, proc in procs.items():
-        loop.add_reader(proc.sentinel, on_exit, name, proc)
+    @property
+    def frontend(self) -> FrontendManager:
+        return self.app.state.frontend
+
+    # --8<-- [start:drain]
+    def on_signal(self, sig: signal.Signals) -> None:
+        if self.stopping:  # a second signal: stop now
+            self.server.force_exit = self.server.should_exit = True
+            return
+        self.stopping = True
+        # SIGTERM (an orchestrator) drains; SIGINT (Ctrl-C, a person) aborts at once
+        timeout = self.shutdown_timeout if sig == signal.SIGTERM else 0.0
+        asyncio.get_running_loop().create_task(self._drain(timeout))
+
+    async def _drain(self, timeout: float) -> None:
+        frontend = self.frontend
+        frontend.draining = True  # new requests and /health: 503
+        logger.info(
+            "stopping: %d request(s) in flight, %.0f s to finish", len(frontend.states), timeout
+        )
+        if not await frontend.wait_idle(timeout):
+            logger.warning("aborting %d request(s) still in flight", len(frontend.states))
+            frontend.end_all(
+                ErrorInfo(
+                    "the server is shutting down", 503, code="shutting_down", type="server_error"
+                )
+            )
+            await frontend.wait_idle(2.0)  # let their error replies reach the clients
+        self.server.should_exit = True
+
+    # --8<-- [end:drain]
+
+    def watch_workers(self, procs: dict[str, BaseProcess]) -> None:
+        """A dead worker ends every in-flight request with an error at once (its sentinel
+        wakes the loop), then the server exits with status 1."""
+        loop = asyncio.get_running_loop()
+
+        def on_exit(name: str, proc: BaseProcess) -> None:
+            loop.remove_reader(proc.sentinel)
+            message = f"the {name} process died (exit code {proc.exitcode}); the server stops"
+            logger.error(message)
+            self.frontend.fail_all(
+                ErrorInfo(message, 503, code="backend_unavailable", type="server_error")
+            )
+            self.exit_code = 1
+            self.stopping = True
+            loop.create_task(self._exit_after_errors_sent())
+
+        for name, proc in procs.items():
+            loop.add_reader(proc.sentinel, on_exit, name, proc)
+
+    async def _exit_after_errors_sent(self) -> None:
+        # keep answering 503 for a moment, so health checks and clients learn why
+        started = asyncio.get_running_loop().time()
+        await self.frontend.wait_idle(FAILED_EXIT_DELAY_S)
+        await asyncio.sleep(
+            max(0.0, started + FAILED_EXIT_DELAY_S - asyncio.get_running_loop().time())
+        )
+        self.server.should_exit = True
 
 
 class _Server(uvicorn.Server):
+    lifecycle: Lifecycle
+
     @contextlib.contextmanager
     def capture_signals(self):
-        # uvicorn re-raises SIGTERM after its shutdown, which kills the process before the
-        # launcher stops the workers and removes the IPC directory: handle it here instead
-        handled = (signal.SIGINT, signal.SIGTERM)
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        # uvicorn's own handlers re-raise SIGTERM after shutdown, which would kill the
+        # process before the workers are stopped and the IPC directory is removed
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.lifecycle.on_signal, sig)
         try:
             yield
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
 
 
 def launch_server(args: ServerArgs) -> int:
-
     from .api_server import create_app
 
     model_dir = resolve_model_dir(args.model)
@@ -147,24 +210,33 @@ def launch_server(args: ServerArgs) -> int:
             logger.error("%s", exc)
             return 1
 
-        def connect() -> FrontendManager:
+        def connect(metrics) -> FrontendManager:
             to_tokenizer = PushQueue(channels.tokenizer, TokenizerMsg)
             inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
-            return FrontendManager(to_tokenizer.put, inbox.get, args.max_pending_bytes)
+            return FrontendManager(
+                to_tokenizer.put,
+                inbox.get,
+                max_pending_bytes=args.max_pending_bytes,
+                max_concurrent=args.max_concurrent_requests,
+                metrics=metrics,
+            )
 
+        lifecycle: Lifecycle | None = None
         app = create_app(
-            args, served_model_name(args), connect, lambda fe: watch_workers(procs, fe)
+            args, served_model_name(args), connect, lambda fe: lifecycle.watch_workers(procs)
         )
         config = uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
             log_level=args.log_level,
-            timeout_graceful_shutdown=5,
+            timeout_graceful_shutdown=3,  # after our own drain, only idle connections remain
         )
+        server = _Server(config)
+        lifecycle = server.lifecycle = Lifecycle(server, app, args.shutdown_timeout)
         logger.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
-        _Server(config).run()
-        return 0
+        server.run()
+        return lifecycle.exit_code
     finally:
         stop_workers(procs)
         channels.remove()

@@ -27,7 +27,7 @@ from starlette.responses import Response
 
 from minisgl.message import ErrorInfo, TokenizeMsg
 
-from .frontend import BackendUnavailable, FrontendManager
+from .frontend import FrontendManager, Refused
 from .protocol import SSE_DONE, ChatFormat, error_body
 
 logger = logging.getLogger(__name__)
@@ -64,21 +64,24 @@ async def _wait_for_disconnect(receive: Receive) -> None:
 
 
 # --8<-- [start:serve_until_disconnect]
-async def serve_until_disconnect(serve: Awaitable[None], receive: Receive) -> None:
-    """Run `serve` until it ends or the client disconnects, whichever comes first."""
+async def serve_until_disconnect(serve: Awaitable[None], receive: Receive) -> bool:
+    """Run `serve` until it ends or the client disconnects, whichever comes first;
+    return whether the client disconnected first."""
     body = asyncio.ensure_future(serve)
     watcher = asyncio.ensure_future(_wait_for_disconnect(receive))
     try:
         await asyncio.wait({body, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        if not body.done():
+        disconnected = not body.done()
+        if disconnected:
             # the client is gone: cancel the body and let its request scope exit
             # (sending AbortMsg) before this response returns
             body.cancel()
             await asyncio.wait({body})
     if not body.cancelled() and body.exception() is not None:
         raise body.exception()
+    return disconnected
 
 
 # --8<-- [end:serve_until_disconnect]
@@ -94,14 +97,20 @@ class _CompletionResponse(Response):
         self.background = None
 
     async def __call__(self, scope, receive: Receive, send: Send) -> None:
-        await serve_until_disconnect(self._serve_or_503(send), receive)
+        disconnected = await serve_until_disconnect(self._serve_or_refuse(send), receive)
+        if disconnected and self.frontend.metrics is not None:
+            self.frontend.metrics.on_disconnect()
 
-    async def _serve_or_503(self, send: Send) -> None:
+    async def _serve_or_refuse(self, send: Send) -> None:
         try:
             await self.serve(send)
-        except BackendUnavailable as exc:
-            error = unavailable(str(exc))
-            await send_json(send, error.status, error_body(error))
+        except Refused as refused:
+            if self.frontend.metrics is not None:
+                self.frontend.metrics.on_rejected(refused.error.code or "refused")
+            headers = []
+            if refused.retry_after is not None:
+                headers.append((b"retry-after", str(refused.retry_after).encode()))
+            await send_json(send, refused.error.status, error_body(refused.error), headers)
 
     async def serve(self, send: Send) -> None:
         raise NotImplementedError

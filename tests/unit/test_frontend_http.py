@@ -45,7 +45,7 @@ class _Server(uvicorn.Server):
 
 @contextlib.asynccontextmanager
 async def serving(frontend: FrontendManager) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(ServerArgs(), MODEL, connect=lambda: frontend)
+    app = create_app(ServerArgs(), MODEL, connect=lambda metrics: frontend)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=0, lifespan="on", log_config=None, timeout_graceful_shutdown=1
     )
