@@ -145,3 +145,34 @@ def ipc_dir(server: RunningServer) -> Path:
         if path.endswith("/frontend"):
             return Path(path).parent
     raise LookupError("the API server binds no frontend inbox")
+
+
+# ---------------------------------------------------------------- after the server exits
+def group_alive(pgid: int) -> list[int]:
+    """Pids still alive in process group `pgid` (the server runs in its own session)."""
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True, check=False)
+    return [int(p) for p in out.stdout.split()]
+
+
+def assert_all_gone(server: RunningServer, ipc: Path, timeout: float = 5.0) -> None:
+    """No process of the server's group is alive and its IPC directory `ipc` is removed.
+    (Only its own directory: other servers on the machine come and go meanwhile.)"""
+    deadline = time.monotonic() + timeout
+    while (alive := group_alive(server.proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert alive == [], f"processes left in the server's group: {alive}"
+    assert not ipc.exists(), f"IPC directory left behind: {ipc}"
+
+
+def group_rss_bytes(server: RunningServer) -> int:
+    """Resident memory of all the server's processes together (VmRSS from /proc)."""
+    total = 0
+    for pid in server.children():
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) * 1024  # kB
+    return total

@@ -57,7 +57,11 @@ def prompt_len(model_dir: Path | str, messages: list[dict[str, str]]) -> int:
 
 
 def raw_post(
-    port: int, path: str, body: dict[str, Any], rcvbuf: int | None = None
+    port: int,
+    path: str,
+    body: dict[str, Any],
+    rcvbuf: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> socket.socket:
     """Send one HTTP/1.1 POST over a fresh socket and return the socket, unread."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -68,7 +72,8 @@ def raw_post(
     head = (
         f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
-        "Connection: close\r\n\r\n"  # the server closes once the response is complete
+        + "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
+        + "Connection: close\r\n\r\n"  # the server closes once the response is complete
     ).encode()
     sock.sendall(head + data)
     return sock
@@ -92,3 +97,18 @@ def dechunk(raw: bytes) -> tuple[bytes, bool]:
             return bytes(body), False
         body += rest[:size]
         rest = rest[size + 2 :]
+
+
+def scrape_metrics(base_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """GET /metrics, parsed: {(sample name, sorted label pairs): value}."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(f"{base_url}/metrics", timeout=10)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain"), r.headers
+    samples = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return samples
