@@ -94,10 +94,32 @@ class _Format:
         body["usage"] = usage(output.prompt_tokens, output.completion_tokens)
         return sse(body)
 
+    def body(
+        self,
+        texts: list[str],
+        finish_reasons: list[str | None],
+        logprobs: list[list[TokenInfo]] | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> dict[str, Any]:
+        """The whole non-streaming response."""
+        choices = [
+            self._choice(i, text, finish_reasons[i], logprobs[i] if logprobs else None)
+            for i, text in enumerate(texts)
+        ]
+        body = self._envelope(self.object, choices)
+        body["usage"] = usage(prompt_tokens, completion_tokens)
+        return body
+
     def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
         raise NotImplementedError
 
     def _end(self, choice: ChoiceOutput) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _choice(
+        self, index: int, text: str, finish: str | None, logprobs: list[TokenInfo] | None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
 
@@ -127,26 +149,13 @@ class ChatFormat(_Format):
             "finish_reason": choice.finish_reason,
         }
 
-    def body(
-        self,
-        texts: list[str],
-        finish_reasons: list[str | None],
-        logprobs: list[list[TokenInfo]] | None,
-        prompt_tokens: int,
-        completion_tokens: int,
-    ) -> dict[str, Any]:
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": _chat_logprobs(logprobs[i]) if logprobs is not None else None,
-                "finish_reason": finish_reasons[i],
-            }
-            for i, text in enumerate(texts)
-        ]
-        body = self._envelope(self.object, choices)
-        body["usage"] = usage(prompt_tokens, completion_tokens)
-        return body
+    def _choice(self, index: int, text: str, finish: str | None, logprobs) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
+            "finish_reason": finish,
+        }
 
 
 class CompletionFormat(_Format):
@@ -180,26 +189,13 @@ class CompletionFormat(_Format):
             "finish_reason": choice.finish_reason,
         }
 
-    def body(
-        self,
-        texts: list[str],
-        finish_reasons: list[str | None],
-        logprobs: list[list[TokenInfo]] | None,
-        prompt_tokens: int,
-        completion_tokens: int,
-    ) -> dict[str, Any]:
-        choices = [
-            {
-                "index": i,
-                "text": text,
-                "logprobs": _completion_logprobs(logprobs[i], 0) if logprobs is not None else None,
-                "finish_reason": finish_reasons[i],
-            }
-            for i, text in enumerate(texts)
-        ]
-        body = self._envelope(self.object, choices)
-        body["usage"] = usage(prompt_tokens, completion_tokens)
-        return body
+    def _choice(self, index: int, text: str, finish: str | None, logprobs) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": _completion_logprobs(logprobs, 0) if logprobs is not None else None,
+            "finish_reason": finish,
+        }
 
 
 def _token_bytes(token: str) -> list[int]:
