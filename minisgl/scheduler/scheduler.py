@@ -143,8 +143,9 @@ class Scheduler:
     # --8<-- [start:fork]
     def _fork(self, first: Req) -> None:
         """The other choices of `first`'s request share the pages of its cached prompt.
-        Each recomputes only the prompt's last, partly filled page into a page of its own
-        (at most page_size tokens), then samples its own first token."""
+        Each recomputes only the page that holds the prompt's last token (at most
+        page_size tokens, into a page of its own: that position's output is what the
+        choice samples its first token from), then decodes on its own."""
         shared = (first.prompt_len - 1) // self.cache_manager.page_size
         children = []
         for index in range(1, first.forks_left + 1):

@@ -30,7 +30,12 @@ from .args import ServerArgs
 from .formats import ChatFormat, CompletionFormat, error_body
 from .frontend import FrontendManager, Refused
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware
+from .middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    RequestIdMiddleware,
+    request_id_var,
+)
 from .protocol import ChatCompletionRequest, CompletionRequest, ParamError
 from .response import FullResponse, Job, StreamResponse, unavailable
 
@@ -154,8 +159,10 @@ def create_app(
             )
         )
 
-    def respond(stream: bool, job: Job):
-        return (StreamResponse if stream else FullResponse)(frontend(), job)
+    def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
+        if req.user is not None:
+            logger.info("request %s: user %r", request_id_var.get(), req.user)
+        return (StreamResponse if req.stream else FullResponse)(frontend(), job)
 
     # --8<-- [start:chat_route]
     @app.post("/v1/chat/completions")
@@ -169,7 +176,7 @@ def create_app(
             return TokenizeMsg(uid, params, messages=messages)
 
         fmt = ChatFormat(model_name, params.n)
-        return respond(req.stream, Job([make_msg], fmt, params.n, req.logprobs, req.include_usage))
+        return respond(req, Job([make_msg], fmt, params.n, req.logprobs, req.include_usage))
 
     # --8<-- [end:chat_route]
 
@@ -188,7 +195,7 @@ def create_app(
         makers = [maker(p) for p in req.prompts()]
         fmt = CompletionFormat(model_name, len(makers) * params.n)
         job = Job(makers, fmt, params.n, req.logprobs is not None, req.include_usage)
-        return respond(req.stream, job)
+        return respond(req, job)
 
     @app.get("/v1/models")
     async def v1_models():

@@ -97,6 +97,10 @@ class ReplyBuffer:
             self.pending_bytes += len(text.encode())
         if reply.logprobs:
             choice.logprobs += reply.logprobs
+            # logprobs wait unread too: count them against the slow-client cap
+            self.pending_bytes += sum(
+                16 + len(i.token) + sum(16 + len(t) for t, _ in i.top) for i in reply.logprobs
+            )
         choice.tokens = max(choice.tokens, reply.completion_tokens)
         self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)
         if reply.finish_reason is not None:

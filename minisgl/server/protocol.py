@@ -70,7 +70,7 @@ class _SamplingFields(_Strict):
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    user: str | None = None  # an end-user id for logs; it changes no output
+    user: str | None = None  # an end-user id: logged with the request, changes no output
     # extensions
     top_k: int = Field(default=-1, ge=-1)
     min_tokens: int = Field(default=0, ge=0)

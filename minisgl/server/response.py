@@ -152,6 +152,9 @@ class FullResponse(_CompletionResponse):
                 out.prompt_tokens,
                 out.completion_tokens,
             )
+            for state in states:  # a client that never reads this body is a stall too
+                state.task = asyncio.current_task()
+            states[0].sending_since = asyncio.get_running_loop().time()
             await send_json(send, 200, body)
 
 
