@@ -223,7 +223,7 @@ def create_app(
     @app.get("/metrics")
     async def prometheus_metrics():
         try:
-            lifecycle = await frontend().lifecycle(timeout=1.0)
+            lifecycle = await frontend().lifecycle(timeout=5.0)
         except (Refused, asyncio.TimeoutError):
             lifecycle = None  # the workers' gauges keep their last values
         body = metrics.render(len(frontend().states), lifecycle)

@@ -273,8 +273,9 @@ class FrontendManager:
                 state.stalled = True
                 state.task.cancel()
 
-    async def lifecycle(self, timeout: float = 2.0) -> dict[str, dict[str, int]]:
-        """Live per-uid state of all three processes, the workers' asked over ZMQ."""
+    async def lifecycle(self, timeout: float = 10.0) -> dict[str, dict[str, int]]:
+        """Live per-uid state of all three processes, the workers' asked over ZMQ. The
+        scheduler answers between two steps, so the wait covers one long prefill step."""
         if self.backend_error is not None:
             raise BackendUnavailable(self.backend_error.message)
         query_id = next(self._query_ids)
