@@ -26,6 +26,8 @@ def run_prompt(args: ServerArgs) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.shell and args.log_level == "info":
+        args.log_level = "warning"  # worker start-up lines would clutter the conversation
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
@@ -34,9 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.prompt is not None:
             return run_prompt(args)
-        from minisgl.server.launch import launch_server
+        from minisgl.server.launch import launch_server, launch_shell
 
-        return launch_server(args)
+        return launch_shell(args) if args.shell else launch_server(args)
     except DefaultModelMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -2,12 +2,14 @@
 
 Contract:
 - `SamplingParams` is what a user may ask for per request; it travels inside messages.
-- `Req` is the scheduler's record of one admitted request. It owns the request's token ids
-  (prompt followed by outputs) and knows how far the KV cache has caught up (`cached_len`).
-  It never touches devices: pages and table slots are handed to it by the managers.
-- `Batch` is one forward step: the requests in it and how many new tokens each contributes.
+- `Req` is the scheduler's record of one sequence being generated: one choice of one
+  request (a request with `n` choices has n of them, all with the request's uid). It owns
+  the token ids (prompt followed by outputs) and knows how far the KV cache has caught up
+  (`cached_len`). It never touches devices: pages and table slots are handed to it by the
+  managers.
+- `Batch` is one forward step: the sequences in it and how many new tokens each adds.
 
-A request advances like this (T = len(token_ids)):
+A sequence advances like this (T = len(token_ids)):
     prefill chunk:  tokens [cached_len, cached_len + extend_len) run through the model
     after the step: cached_len += extend_len; if cached_len == T the step produced a
                     sampled token, appended to token_ids (T grows by one)
@@ -16,10 +18,16 @@ A request advances like this (T = len(token_ids)):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 FinishReason = Literal["stop", "length"]
+
+MAX_N = 16  # choices per request
+MAX_STOP = 4  # stop strings per request, as in OpenAI's API
+MAX_LOGPROBS = 20  # alternatives per token
 
 
 @dataclass
@@ -30,30 +38,73 @@ class SamplingParams:
     top_k: int = -1  # -1: no top-k filter
     top_p: float = 1.0
     max_tokens: int | None = None  # None: as many as the context allows
+    min_tokens: int = 0  # end-of-sequence and stop tokens/strings are held off until then
     ignore_eos: bool = False
     seed: int | None = None  # None: a fresh random seed per request
+    n: int = 1  # choices sampled from one prompt, prefilled once
+    stop: list[str] = field(default_factory=list)  # stop strings (matched on text)
     stop_token_ids: list[int] = field(default_factory=list)
+    presence_penalty: float = 0.0  # subtracted once from tokens already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    repetition_penalty: float = 1.0  # divides (or multiplies) logits of seen tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: none; k >= 0: the sampled token's and k alternatives
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature <= 0.0 or self.top_k == 1
 
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
     def validate(self) -> tuple[str, str] | None:
         """Return (parameter, message) for a value no request may carry, else None."""
-        if self.max_tokens is not None and self.max_tokens < 1:
-            return "max_tokens", f"max_tokens must be at least 1, got {self.max_tokens}"
-        if not self.temperature >= 0.0:  # also catches NaN
-            return "temperature", f"temperature must be non-negative, got {self.temperature}"
-        if not 0.0 < self.top_p <= 1.0:
-            return "top_p", f"top_p must be in (0, 1], got {self.top_p}"
-        if self.top_k == 0 or self.top_k < -1:
-            return "top_k", f"top_k must be -1 (disabled) or at least 1, got {self.top_k}"
+        checks = [
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1"),
+            (self.temperature >= 0.0, "temperature", "must be non-negative"),  # NaN fails too
+            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
+            (self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (off) or at least 1"),
+            (self.min_tokens >= 0, "min_tokens", "must not be negative"),
+            (
+                self.max_tokens is None or self.min_tokens <= self.max_tokens,
+                "min_tokens",
+                "must not exceed max_tokens",
+            ),
+            (1 <= self.n <= MAX_N, "n", f"must be between 1 and {MAX_N}"),
+            (len(self.stop) <= MAX_STOP, "stop", f"takes at most {MAX_STOP} strings"),
+            (all(self.stop), "stop", "strings must not be empty"),
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
+            (
+                0.0 < self.repetition_penalty <= 2.0,
+                "repetition_penalty",
+                "must be in (0, 2]",
+            ),
+            (
+                all(-100.0 <= b <= 100.0 and math.isfinite(b) for b in self.logit_bias.values()),
+                "logit_bias",
+                "values must be in [-100, 100]",
+            ),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                "logprobs",
+                f"must be between 0 and {MAX_LOGPROBS}",
+            ),
+        ]
+        for ok, param, rule in checks:
+            if not ok:
+                return param, f"{param} {rule}, got {getattr(self, param)!r}"
         return None
 
 
 @dataclass(eq=False)
 class Req:
-    """One admitted request as the scheduler sees it."""
+    """One sequence (one choice of one request) as the scheduler sees it."""
 
     uid: int
     token_ids: list[int]  # prompt followed by every sampled token
@@ -62,11 +113,17 @@ class Req:
     sampling_params: SamplingParams
     seed: int
     eos_token_ids: frozenset[int] = frozenset()
+    index: int = 0  # which choice of its request
+    forks_left: int = 0  # choices still to be forked off once the prompt is cached
     table_idx: int = -1  # slot in the page table; -1 while it holds none
     cached_len: int = 0  # tokens whose K/V are in the cache
     extend_len: int = 0  # tokens this step feeds to the model (set by the managers)
-    pages: list[int] = field(default_factory=list)  # KV pages owned, in order
+    pages: list[int] = field(default_factory=list)  # KV pages held, in order (maybe shared)
     finish_reason: FinishReason | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return self.uid, self.index
 
     @property
     def seq_len(self) -> int:
@@ -89,21 +146,25 @@ class Req:
         """Whether this step's last token is the end of what is known, so a token is sampled."""
         return self.cached_len + self.extend_len == len(self.token_ids)
 
-    def append_token(self, token: int) -> None:
-        """Record a sampled token and decide whether the request has finished."""
-        self.token_ids.append(token)
+    @cached_property
+    def stop_token_set(self) -> frozenset[int]:
+        """Tokens that end the sequence (once min_tokens are out)."""
         params = self.sampling_params
-        if not params.ignore_eos and token in self.eos_token_ids:
-            self.finish_reason = "stop"
-        elif token in params.stop_token_ids:
+        eos = frozenset() if params.ignore_eos else self.eos_token_ids
+        return eos | frozenset(params.stop_token_ids)
+
+    def append_token(self, token: int) -> None:
+        """Record a sampled token and decide whether the sequence has finished."""
+        self.token_ids.append(token)
+        if self.output_len >= self.sampling_params.min_tokens and token in self.stop_token_set:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self.max_len:
             self.finish_reason = "length"
 
     def __repr__(self) -> str:
         return (
-            f"Req(uid={self.uid}, seq_len={self.seq_len}, cached_len={self.cached_len}, "
-            f"table_idx={self.table_idx}, pages={len(self.pages)})"
+            f"Req(uid={self.uid}, index={self.index}, seq_len={self.seq_len}, "
+            f"cached_len={self.cached_len}, table_idx={self.table_idx}, pages={len(self.pages)})"
         )
 
 

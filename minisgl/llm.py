@@ -1,11 +1,11 @@
 """The offline API: `LLM(model=..., device=...).generate(prompts, sampling_params)`.
 
 Contract: runs the same engine and scheduler as the server, in this process, through the
-scheduler's message interface (UserMsg in, one DetokenizeMsg per step per uid out, abort by
-uid). `generate` returns one `RequestOutput` per prompt, in order: text, token ids and
-finish reason, or an error message for a prompt the scheduler refused. `stream` yields text
-as it is produced; leaving it early aborts the requests still running, so nothing is left
-in the scheduler.
+scheduler's message interface (UserMsg in, one DetokenizeMsg per step per sequence out,
+abort by uid). `generate` returns one `RequestOutput` per prompt, in order: text, token ids
+and finish reason (of each choice, when n > 1), or an error message for a prompt the
+scheduler refused. `stream` yields text as it is produced; leaving it early aborts the
+requests still running, so nothing is left in the scheduler.
 """
 
 from __future__ import annotations
@@ -17,29 +17,50 @@ from dataclasses import dataclass, field
 from minisgl.core import SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
-from minisgl.message import BackendErrorMsg, DetokenizeMsg, UserMsg
+from minisgl.message import BackendErrorMsg, DetokenizeMsg, TokenLogprob, UserMsg
 from minisgl.scheduler import Scheduler
 from minisgl.tokenizer import DetokenizeManager, build_prompt_ids, load_tokenizer
 from minisgl.tokenizer.tokenize import Prompt
 
 
 @dataclass
-class RequestOutput:
-    prompt_token_ids: list[int]
+class CompletionOutput:
+    index: int  # which choice
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" or "length"; None when `error` is set
+    finish_reason: str | None = None  # "stop" or "length" once the choice has ended
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked for
+
+
+@dataclass
+class RequestOutput:
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
     error: str | None = None
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason is not None or self.error is not None
+        return self.error is not None or all(o.finish_reason for o in self.outputs)
+
+    # the first choice, which is all there is unless n > 1
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return None if self.error else self.outputs[0].finish_reason
 
 
 @dataclass
 class StreamEvent:
     index: int  # which prompt
-    text: str  # new text since the previous event of this prompt
+    choice: int  # which choice of it
+    text: str  # new text of that choice since its previous event
     output: RequestOutput  # the prompt's output so far; `output.finished` on its last event
 
 
@@ -53,12 +74,22 @@ class LLM:
         max_prefill_tokens: int = 8192,
         **engine_options,
     ) -> None:
-        self.engine = Engine(
-            EngineConfig(model=model, device=device, dtype=dtype, **engine_options)
-        )
+        config = EngineConfig(model=model, device=device, dtype=dtype, **engine_options)
+        self.engine = Engine(config)
         self.scheduler = Scheduler(self.engine, max_prefill_tokens=max_prefill_tokens)
         self.tokenizer = load_tokenizer(self.engine.model_dir)
         self._uids = itertools.count()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, max_prefill_tokens: int = 8192) -> LLM:
+        options = {k: v for k, v in vars(config).items() if k not in ("model", "device", "dtype")}
+        return cls(
+            config.model,
+            config.device,
+            config.dtype,
+            max_prefill_tokens=max_prefill_tokens,
+            **options,
+        )
 
     def generate(
         self,
@@ -79,14 +110,17 @@ class LLM:
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
         detok = DetokenizeManager(self.tokenizer) if self.tokenizer else None
-        live: dict[int, tuple[int, RequestOutput]] = {}  # uid -> (index, output)
+        live: dict[int, tuple[int, RequestOutput]] = {}  # uid -> (prompt index, output)
         try:
             for index, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                if params.stop and detok is None:
+                    raise ValueError("stop strings need a tokenizer; this model has none")
                 uid = next(self._uids)
                 ids = build_prompt_ids(self.tokenizer, prompt)
-                live[uid] = (index, RequestOutput(prompt_token_ids=ids))
+                outputs = [CompletionOutput(i) for i in range(params.n)]
+                live[uid] = (index, RequestOutput(ids, outputs))
                 if detok:
-                    detok.add(uid)
+                    detok.add(uid, len(ids), params.n, params.stop, params.min_tokens)
                 for reply in self.scheduler.process_msg(UserMsg.make(uid, ids, params)):
                     yield from self._apply([reply], live, detok)
             while live:
@@ -97,23 +131,34 @@ class LLM:
 
     def _apply(self, replies, live, detok) -> Iterator[StreamEvent]:
         tokens = [r for r in replies if isinstance(r, DetokenizeMsg)]
-        texts = iter(detok.feed(tokens) if detok else [None] * len(tokens))
+        decoded_iter = iter(detok.feed(tokens) if detok else [None] * len(tokens))
         for reply in replies:
+            is_token = isinstance(reply, DetokenizeMsg)
+            decoded = next(decoded_iter) if is_token else None  # in step with `tokens`
+            if reply.uid not in live:
+                continue  # its request ended earlier in this step
             index, output = live[reply.uid]
             if isinstance(reply, BackendErrorMsg):
                 output.error = reply.message
                 if detok:
                     detok.remove(reply.uid)
-                text = ""
-            else:
-                decoded = next(texts)
-                text = decoded.text if decoded else ""
-                output.token_ids.append(reply.next_token)
-                output.text += text
-                output.finish_reason = reply.finish_reason
+                del live[reply.uid]
+                yield StreamEvent(index, 0, "", output)
+                continue
+            choice = output.outputs[reply.index]
+            if choice.finish_reason is not None:
+                continue  # its stop string was already seen
+            choice.token_ids.append(reply.next_token)
+            if reply.logprob is not None:
+                choice.logprobs.append(reply.logprob)
+            text = decoded.text if decoded else ""
+            choice.text += text
+            choice.finish_reason = decoded.finish_reason if decoded else reply.finish_reason
+            if decoded is not None and decoded.stop_hit:
+                self.scheduler.abort_req(reply.uid, reply.index)
             if output.finished:
                 del live[reply.uid]
-            yield StreamEvent(index, text, output)
+            yield StreamEvent(index, reply.index, text, output)
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,6 +19,7 @@ import torch
 from minisgl.attention import ForwardInfo, create_attention_backend
 from minisgl.core import Batch
 from minisgl.kvcache import KVCachePool
+from minisgl.message import TokenLogprob
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
 from minisgl.models.source import resolve_model_dir
@@ -154,13 +156,22 @@ class Engine:
         return self.model.logits(hidden[last_tok])
 
     @torch.inference_mode()
-    def forward(self, batch: Batch) -> list[int]:
-        """Run the step; the sampled token of each request that samples, in batch order."""
+    def forward(self, batch: Batch) -> StepOutput:
+        """Run the step; the sampled token (and logprobs where asked) of each sequence that
+        samples, in batch order."""
         logits = self.logits(batch)
         sampling = batch.sampling_reqs
         if not sampling:
-            return []
-        return self.sampler.sample(logits, self.sampler.prepare(sampling)).tolist()
+            return StepOutput([], None)
+        args = self.sampler.prepare(sampling)
+        tokens = self.sampler.sample(logits, args)
+        return StepOutput(tokens.tolist(), self.sampler.logprobs(logits, tokens, args))
+
+
+@dataclass
+class StepOutput:
+    tokens: list[int]
+    logprobs: list[TokenLogprob | None] | None  # None when no sequence asked for them
 
 
 class _StepContext:

@@ -1,8 +1,11 @@
 """Batched sampling: greedy, temperature, top-k, top-p, with a per-request seed.
 
-Contract: `Sampler.prepare(reqs)` turns the requests that sample this step into tensors once;
-`Sampler.sample(logits, args)` picks one token per row with tensor ops only (no Python loop
-over requests, no host sync).
+Contract: `Sampler.prepare(reqs)` turns the sequences that sample this step into tensors
+once; `Sampler.sample(logits, args)` picks one token per row with tensor ops only (no Python
+loop over requests, no host sync): logits processors first (logits.py), then greedy or
+temperature / top-k / top-p sampling. `Sampler.logprobs` reports, for the rows that asked,
+the sampled token's log-probability and the top alternatives, from the model's raw
+distribution (before processors and temperature, as vLLM reports them by default).
 
 Randomness is counter-based: the noise for request r at output index s over token v is a
 hash of (seed_r, s, v). A request therefore draws the same tokens for the same seed whatever
@@ -17,6 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.core import Req
+from minisgl.message import TokenLogprob
+
+from .logits import LogitsProcessors
 
 _M32 = 0xFFFFFFFF
 
@@ -55,6 +61,8 @@ def _as_int64(seed: int) -> int:
 @dataclass
 class SamplingArgs:
     greedy_only: bool
+    processors: LogitsProcessors | None = None
+    logprob_rows: list[tuple[int, int]] | None = None  # (row, alternatives) asking logprobs
     temperature: torch.Tensor | None = None  # (B, 1) float32, 1.0 on greedy rows
     greedy: torch.Tensor | None = None  # (B,) bool
     top_k: torch.Tensor | None = None  # (B, 1) int64, vocab when disabled
@@ -73,11 +81,15 @@ class Sampler:
 
     def prepare(self, reqs: list[Req]) -> SamplingArgs:
         params = [r.sampling_params for r in reqs]
+        processors = LogitsProcessors.prepare(reqs, self.vocab_size, self.device)
+        logprob_rows = [(i, p.logprobs) for i, p in enumerate(params) if p.logprobs is not None]
         if all(p.is_greedy for p in params):
-            return SamplingArgs(greedy_only=True)
+            return SamplingArgs(True, processors, logprob_rows or None)
         greedy = [p.is_greedy for p in params]
         args = SamplingArgs(
             greedy_only=False,
+            processors=processors,
+            logprob_rows=logprob_rows or None,
             temperature=self._tensor(
                 [1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32
             )[:, None],
@@ -94,6 +106,8 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
         """logits: (B, V) float32 -> (B,) int64 token ids."""
+        if args.processors is not None:
+            logits = args.processors.apply(logits.clone())
         greedy_tokens = logits.argmax(dim=-1)
         if args.greedy_only:
             return greedy_tokens
@@ -119,3 +133,21 @@ class Sampler:
             drop |= mass_before > args.top_p  # the top token always stays: its mass_before is 0
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+    @staticmethod
+    def logprobs(
+        raw_logits: torch.Tensor, tokens: torch.Tensor, args: SamplingArgs
+    ) -> list[TokenLogprob | None] | None:
+        """Per row: the sampled token's logprob and its top alternatives, or None."""
+        if args.logprob_rows is None:
+            return None
+        rows = torch.tensor([r for r, _ in args.logprob_rows], device=raw_logits.device)
+        logp = raw_logits[rows].log_softmax(dim=-1)  # (R, V)
+        chosen = logp.gather(1, tokens[rows][:, None]).squeeze(1).tolist()
+        k_max = max(k for _, k in args.logprob_rows)
+        top_v, top_i = logp.topk(k_max, dim=-1) if k_max else (logp[:, :0], logp[:, :0].long())
+        top_v, top_i = top_v.tolist(), top_i.tolist()
+        out: list[TokenLogprob | None] = [None] * raw_logits.shape[0]
+        for j, (row, k) in enumerate(args.logprob_rows):
+            out[row] = TokenLogprob(chosen[j], list(zip(top_i[j][:k], top_v[j][:k])))
+        return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from .backend import AbortBackendMsg, BackendMsg, ExitMsg, StateQueryMsg, UserMsg
 from .codec import Codec, pack_ids, unpack_ids
-from .frontend import ErrorInfo, FrontendMsg, LifecycleStateMsg, UserReply
+from .frontend import ErrorInfo, FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
 from .tokenizer import (
     AbortMsg,
     BackendErrorMsg,
@@ -19,6 +19,7 @@ from .tokenizer import (
     SchedulerStateMsg,
     TokenizeMsg,
     TokenizerMsg,
+    TokenLogprob,
 )
 
 __all__ = [
@@ -36,7 +37,9 @@ __all__ = [
     "SchedulerStateMsg",
     "StateQueryMsg",
     "TokenizeMsg",
+    "TokenInfo",
     "TokenizerMsg",
+    "TokenLogprob",
     "UserMsg",
     "UserReply",
     "pack_ids",

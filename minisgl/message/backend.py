@@ -1,6 +1,7 @@
 """Messages into the scheduler (sent by the tokenizer worker).
 
-UserMsg creates a request's scheduler state; AbortBackendMsg removes it wherever it is;
+UserMsg creates a request's scheduler state; AbortBackendMsg removes it (or one of its
+choices) wherever it is;
 StateQueryMsg asks for the live counts shown by /debug/lifecycle; ExitMsg stops the loop.
 """
 
@@ -29,6 +30,7 @@ class UserMsg(msgspec.Struct, tag=True):
 
 class AbortBackendMsg(msgspec.Struct, tag=True):
     uid: int
+    index: int | None = None  # one choice (a stop string ended it), or None: all of them
 
 
 class StateQueryMsg(msgspec.Struct, tag=True):

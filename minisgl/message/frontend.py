@@ -1,8 +1,8 @@
 """Messages into the API server (sent by the tokenizer worker).
 
-UserReply carries one step's new text for one uid, with running token counts; the last
-reply of a request has `finished` set and either a finish_reason or an error. At most one
-terminal reply is sent per uid. LifecycleStateMsg answers a LifecycleQueryMsg with the
+UserReply carries one step's new text for one choice of one uid, with running token counts;
+the last reply of a choice has its finish_reason, the last reply of the request (every choice
+done, or an error) has `finished` set. At most one terminal reply is sent per uid. LifecycleStateMsg answers a LifecycleQueryMsg with the
 tokenizer's and the scheduler's live per-uid state.
 """
 
@@ -19,14 +19,24 @@ class ErrorInfo(msgspec.Struct):
     type: str = "invalid_request_error"
 
 
+class TokenInfo(msgspec.Struct, array_like=True):
+    """One sampled token for logprobs: its text, log-probability, and top alternatives."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]] = []
+
+
 class UserReply(msgspec.Struct, tag=True):
     uid: int
     incremental_output: str = ""
-    finished: bool = False
-    finish_reason: str | None = None  # "stop" or "length" when finished without error
+    finished: bool = False  # the request's terminal reply: no more for this uid
+    finish_reason: str | None = None  # "stop" or "length": this choice has ended
     error: ErrorInfo | None = None  # set when the request ended with an error
     prompt_tokens: int = 0
-    completion_tokens: int = 0  # tokens generated so far, this reply's included
+    completion_tokens: int = 0  # tokens of this choice so far, this reply's included
+    index: int = 0  # which choice
+    logprobs: list[TokenInfo] | None = None  # for this reply's token, when asked
 
 
 class LifecycleStateMsg(msgspec.Struct, tag=True):

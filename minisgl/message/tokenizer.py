@@ -22,6 +22,7 @@ class TokenizeMsg(msgspec.Struct, tag=True):
     text: str | None = None  # a plain prompt
     messages: list[dict[str, Any]] | None = None  # a chat conversation: chat template
     input_ids_packed: bytes | None = None  # a prompt given as token ids (codec.pack_ids)
+    echo: bool = False  # the output starts with the prompt (completions' `echo`)
 
 
 class AbortMsg(msgspec.Struct, tag=True):
@@ -32,10 +33,19 @@ class LifecycleQueryMsg(msgspec.Struct, tag=True):
     query_id: int
 
 
+class TokenLogprob(msgspec.Struct, array_like=True):
+    """The sampled token's log-probability and the top alternatives (token id, logprob)."""
+
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
 class DetokenizeMsg(msgspec.Struct, tag=True):
     uid: int
     next_token: int
-    finish_reason: str | None = None  # "stop" or "length" on the last token, else None
+    finish_reason: str | None = None  # "stop" or "length" on the choice's last token
+    index: int = 0  # which choice of the request
+    logprob: TokenLogprob | None = None  # when the request asked for logprobs
 
 
 class BackendErrorMsg(msgspec.Struct, tag=True):

@@ -1,9 +1,13 @@
-"""CacheManager: KV pages of each request, kept in step with the engine's page table.
+"""CacheManager: KV pages of each sequence, kept in step with the engine's page table.
 
 Contract: `pages_needed(req, length)` says how many more pages `req` needs to hold `length`
-tokens; `grow(req, length)` takes them from the allocator and writes them into the request's
-row of the page table; `release(req)` returns all of a request's pages. Pages are taken as
-the request grows, one page at a time for a decoding request, never reserved ahead.
+tokens; `grow(req, length)` takes them from the allocator and writes them into the
+sequence's row of the page table; `bind(req)` writes all its pages into a freshly assigned
+row; `release(req)` gives its pages back. Pages are taken as a sequence grows (one page at a
+time when decoding), never reserved ahead.
+
+Pages can be shared: the choices of one request (n > 1) share the pages of their common
+prompt (`share`). A page returns to the allocator when its last holder releases it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ class CacheManager:
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
         self.page_table = page_table  # (slots + 1, max_pages) int32, host
+        self._holders = [0] * num_pages  # sequences holding each page
 
     @property
     def available(self) -> int:
@@ -40,10 +45,30 @@ class CacheManager:
         if n == 0:
             return
         new = self.allocator.allocate(n)
+        for page in new:
+            self._holders[page] = 1
         start = len(req.pages)
         req.pages.extend(new)
         self.page_table[req.table_idx, start : start + n] = torch.tensor(new, dtype=torch.int32)
 
+    def bind(self, req: Req) -> None:
+        """Write every page the sequence already holds into its (new) table row."""
+        if req.pages:
+            row = torch.tensor(req.pages, dtype=torch.int32)
+            self.page_table[req.table_idx, : len(req.pages)] = row
+
+    def share(self, source: Req, target: Req, num_pages: int) -> None:
+        """`target` holds the first `num_pages` pages of `source` too (read-only prefix)."""
+        shared = source.pages[:num_pages]
+        for page in shared:
+            self._holders[page] += 1
+        target.pages = list(shared)
+
     def release(self, req: Req) -> None:
-        self.allocator.free(req.pages)
+        freed = []
+        for page in req.pages:
+            self._holders[page] -= 1
+            if self._holders[page] == 0:
+                freed.append(page)
+        self.allocator.free(freed)
         req.pages = []

@@ -17,7 +17,7 @@ from .cache import CacheManager
 
 class DecodeManager:
     def __init__(self) -> None:
-        self.running: dict[int, Req] = {}  # uid -> req, in admission order
+        self.running: dict[tuple[int, int], Req] = {}  # (uid, index) -> req, admission order
 
     def __len__(self) -> int:
         return len(self.running)
@@ -27,13 +27,15 @@ class DecodeManager:
         return bool(self.running)
 
     def add_req(self, req: Req) -> None:
-        self.running[req.uid] = req
+        self.running[req.key] = req
 
     def remove_req(self, req: Req) -> None:
-        self.running.pop(req.uid, None)
+        self.running.pop(req.key, None)
 
-    def abort_req(self, uid: int) -> Req | None:
-        return self.running.pop(uid, None)
+    def abort_req(self, uid: int, index: int | None = None) -> list[Req]:
+        """Remove the request's sequences (one choice, or all when index is None)."""
+        keys = [k for k in self.running if k[0] == uid and index in (None, k[1])]
+        return [self.running.pop(k) for k in keys]
 
     def schedule_next(
         self, cache: CacheManager, evict: Callable[[Req], None]
@@ -45,7 +47,7 @@ class DecodeManager:
         while needed > cache.available and len(reqs) > 1:
             victim = reqs.pop()  # newest first: the oldest requests keep making progress
             needed -= cache.pages_needed(victim, victim.cached_len + 1)
-            del self.running[victim.uid]
+            del self.running[victim.key]
             evict(victim)
             preempted.append(victim)
         for req in reqs:

@@ -1,11 +1,13 @@
 """PrefillManager: requests whose tokens are not all in the KV cache yet.
 
-Contract: holds admitted-but-not-running requests in arrival order: new ones, the one whose
-prompt is being prefilled chunk by chunk, and preempted ones (put back at the front).
+Contract: holds admitted-but-not-running sequences in arrival order: new ones, the one whose
+prompt is being prefilled chunk by chunk, and preempted or freshly forked ones (put back at
+the front).
 `schedule_next(budget, ...)` picks, in order, as many as fit under the token budget, the free
 table slots and the free pages, and sets each one's `extend_len`; a request that is only
 partly prefilled stays at the front. `abort_req(uid)` removes a request wherever it is in the
-queue and returns it, so the caller can free the slot and pages a partial prefill holds.
+queue and returns it (all its choices), so the caller can free the slots and pages a
+partial prefill holds.
 """
 
 from __future__ import annotations
@@ -34,16 +36,16 @@ class PrefillManager:
         self.pending.append(req)
 
     def readmit(self, reqs: Iterable[Req]) -> None:
-        """Preempted requests go back to the front, oldest first."""
+        """Preempted or forked sequences go back to the front, in the given order."""
         for req in reversed(list(reqs)):
             self.pending.appendleft(req)
 
-    def abort_req(self, uid: int) -> Req | None:
-        for req in self.pending:
-            if req.uid == uid:
-                self.pending.remove(req)
-                return req
-        return None
+    def abort_req(self, uid: int, index: int | None = None) -> list[Req]:
+        """Remove the request's sequences (one choice, or all when index is None)."""
+        found = [r for r in self.pending if r.uid == uid and index in (None, r.index)]
+        for req in found:
+            self.pending.remove(req)
+        return found
 
     def schedule_next(
         self, budget: int, table: TableManager, cache: CacheManager, keep_free: int
@@ -63,6 +65,7 @@ class PrefillManager:
                 break
             if req.table_idx < 0:
                 req.table_idx = table.allocate()
+                cache.bind(req)  # pages shared with its first choice, if any
             cache.grow(req, req.cached_len + chunk)
             req.extend_len = chunk
             budget -= chunk

@@ -4,16 +4,18 @@ Contract (the message-shaped interface the server drives):
 - `process_msg(msg)` takes one incoming message. A `UserMsg` is validated first: an empty
   prompt, one that leaves no room to generate, a bad token id or bad sampling values are
   answered at once with a `BackendErrorMsg` for that uid, never dropped. `AbortBackendMsg`
-  removes the request wherever it is (waiting, mid-chunked-prefill, decoding) and frees its
-  slot and pages; a uid the scheduler does not know is ignored (it may have just finished).
-- `step()` runs one forward pass over every decoding request plus as many prefill chunks as
-  the token budget allows, and returns one `DetokenizeMsg` per request that produced a
-  token; the last one of a request carries its finish_reason and its resources are already
-  free when it is returned.
+  removes the request (or one of its choices) wherever it is (waiting, mid-chunked-prefill,
+  decoding) and frees its slots and pages; a uid the scheduler does not know is ignored (it
+  may have just finished).
+- `step()` runs one forward pass over every decoding sequence plus as many prefill chunks
+  as the token budget allows, and returns one `DetokenizeMsg` per sequence that produced a
+  token; the last one of a sequence carries its finish_reason, and its resources are
+  already free when it is returned.
 - `run_forever(io)` is the process loop: receive, step, send.
 
-Scheduler state per uid lives in exactly one of the prefill manager (waiting or partly
-prefilled) and the decode manager (running), and is removed on finish, abort and error.
+Each sequence (one choice of a request; n choices share the prompt's pages) lives in
+exactly one of the prefill manager (waiting or partly prefilled) and the decode manager
+(running), and is removed on finish, abort and error.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import random
 from typing import Protocol
 
-from minisgl.core import Batch, Req
+from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.engine import Engine
 from minisgl.message import (
     AbortBackendMsg,
@@ -81,7 +83,7 @@ class Scheduler:
             error = self._admit(msg)
             return [error] if error else []
         if isinstance(msg, AbortBackendMsg):
-            self.abort_req(msg.uid)
+            self.abort_req(msg.uid, msg.index)
             return []
         if isinstance(msg, StateQueryMsg):
             return [SchedulerStateMsg(msg.query_id, self.state())]
@@ -105,37 +107,80 @@ class Scheduler:
         if (problem := params.validate()) is not None:
             param, message = problem
             return BackendErrorMsg(msg.uid, message, param=param)
-        if min(ids) < 0 or max(ids) >= vocab:
-            return BackendErrorMsg(msg.uid, f"token ids must be in [0, {vocab})", param="prompt")
+        for param, token_ids in (
+            ("prompt", ids),
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", list(params.logit_bias)),
+        ):
+            if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
+                return BackendErrorMsg(
+                    msg.uid, f"{param}: token ids must be in [0, {vocab})", param=param
+                )
         # more than the room left is clamped; hitting the clamp is finish_reason "length"
         room = max_seq_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         req = Req(
             uid=msg.uid,
             token_ids=ids,
             prompt_len=len(ids),
             max_len=len(ids) + max_tokens,
             sampling_params=params,
-            seed=seed,
+            seed=self._seed_for(params, 0),
             eos_token_ids=self.eos_token_ids,
+            forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
         )
         self.prefill_manager.add_req(req)
         return None
 
     # --8<-- [end:validate]
 
+    def _seed_for(self, params: SamplingParams, index: int) -> int:
+        """A user's seed makes every choice reproducible; otherwise each gets a fresh one."""
+        if params.seed is None:
+            return self._seeds.getrandbits(63)
+        return params.seed + index
+
+    # --8<-- [start:fork]
+    def _fork(self, first: Req) -> None:
+        """The other choices of `first`'s request share the pages of its cached prompt.
+        Each recomputes only the page that holds the prompt's last token (at most
+        page_size tokens, into a page of its own: that position's output is what the
+        choice samples its first token from), then decodes on its own."""
+        shared = (first.prompt_len - 1) // self.cache_manager.page_size
+        children = []
+        for index in range(1, first.forks_left + 1):
+            child = Req(
+                uid=first.uid,
+                token_ids=first.token_ids[: first.prompt_len],
+                prompt_len=first.prompt_len,
+                max_len=first.max_len,
+                sampling_params=first.sampling_params,
+                seed=self._seed_for(first.sampling_params, index),
+                eos_token_ids=first.eos_token_ids,
+                index=index,
+            )
+            self.cache_manager.share(first, child, shared)
+            child.cached_len = shared * self.cache_manager.page_size
+            children.append(child)
+        first.forks_left = 0
+        self.prefill_manager.readmit(children)
+
+    # --8<-- [end:fork]
+
     # --8<-- [start:abort_req]
-    def abort_req(self, uid: int) -> Req | None:
-        req = self.prefill_manager.abort_req(uid) or self.decode_manager.abort_req(uid)
-        if req is not None:
+    def abort_req(self, uid: int, index: int | None = None) -> list[Req]:
+        """Remove a request's sequences (one choice, or all) wherever they are."""
+        reqs = self.prefill_manager.abort_req(uid, index)
+        reqs += self.decode_manager.abort_req(uid, index)
+        for req in reqs:
+            req.forks_left = 0  # an aborted first choice forks no others
             self._free_req_resources(req)
-        return req
+        return reqs
 
     def _free_req_resources(self, req: Req) -> None:
-        """Give back a request's pages and slot; it may be readmitted from scratch later."""
+        """Give back a sequence's pages and slot; it may be readmitted from scratch later."""
+        self.cache_manager.release(req)
         if req.table_idx >= 0:
-            self.cache_manager.release(req)
             self.table_manager.free(req.table_idx)
             req.table_idx = -1
         req.cached_len = 0
@@ -150,18 +195,21 @@ class Scheduler:
         if batch is None:
             return []
         sampling = batch.sampling_reqs  # decided before cached_len moves
-        tokens = self.engine.forward(batch)
+        out = self.engine.forward(batch)
         for req in batch.reqs:
             req.cached_len += req.extend_len
             req.extend_len = 0
         replies: list[TokenizerMsg] = []
-        for req, token in zip(sampling, tokens, strict=True):
+        for i, (req, token) in enumerate(zip(sampling, out.tokens, strict=True)):
+            if req.forks_left:  # its prompt is cached now: the other choices start
+                self._fork(req)
             req.append_token(token)
-            replies.append(DetokenizeMsg(req.uid, token, req.finish_reason))
+            logprob = out.logprobs[i] if out.logprobs is not None else None
+            replies.append(DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob))
             if req.finish_reason is not None:
                 self.decode_manager.remove_req(req)
                 self._free_req_resources(req)
-            elif req.uid not in self.decode_manager.running:
+            elif req.key not in self.decode_manager.running:
                 self.decode_manager.add_req(req)  # its prompt is now cached: it decodes
         return replies
 

@@ -5,8 +5,8 @@ response object (response.py) that owns the request's lifecycle. No route runs m
 or blocks the event loop. Every error is an OpenAI-style body
 `{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
 
-Routes: POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics,
-GET /debug/lifecycle. In front of them: X-Request-Id, the API key check and the request
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+GET /metrics, GET /debug/lifecycle. In front of them: X-Request-Id, the API key check and the request
 body limit (middleware.py).
 """
 
@@ -24,14 +24,20 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from minisgl.message import ErrorInfo, TokenizeMsg
+from minisgl.message import ErrorInfo, TokenizeMsg, pack_ids
 
 from .args import ServerArgs
+from .formats import ChatFormat, CompletionFormat, error_body
 from .frontend import FrontendManager, Refused
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware
-from .protocol import ChatCompletionRequest, ChatFormat, error_body
-from .response import FullResponse, StreamResponse, unavailable
+from .middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    RequestIdMiddleware,
+    request_id_var,
+)
+from .protocol import ChatCompletionRequest, CompletionRequest, ParamError
+from .response import FullResponse, Job, StreamResponse, unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +59,9 @@ def _validation_error(exc: RequestValidationError) -> ErrorInfo:
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return ErrorInfo(f"the request body is not valid JSON: {first.get('msg')}", 400)
+    cause = (first.get("ctx") or {}).get("error")
+    if isinstance(cause, ParamError):  # a cross-field check: it names its parameter
+        return ErrorInfo(str(cause), 400, code="invalid_value", param=cause.param)
     if first.get("type") == "extra_forbidden":
         message = f"unsupported parameter: {param}"
     else:
@@ -137,29 +146,56 @@ def create_app(
     def frontend() -> FrontendManager:
         return app.state.frontend
 
+    def unknown_model(model: str) -> JSONResponse | None:
+        if model == model_name:
+            return None
+        metrics.on_rejected("model_not_found")
+        return error_response(
+            ErrorInfo(
+                f"the model {model!r} does not exist; this server serves {model_name!r}",
+                404,
+                code="model_not_found",
+                param="model",
+            )
+        )
+
+    def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
+        if req.user is not None:
+            logger.info("request %s: user %r", request_id_var.get(), req.user)
+        return (StreamResponse if req.stream else FullResponse)(frontend(), job)
+
     # --8<-- [start:chat_route]
     @app.post("/v1/chat/completions")
     async def v1_chat_completions(req: ChatCompletionRequest):
-        if req.model != model_name:
-            metrics.on_rejected("model_not_found")
-            return error_response(
-                ErrorInfo(
-                    f"the model {req.model!r} does not exist; this server serves {model_name!r}",
-                    404,
-                    code="model_not_found",
-                    param="model",
-                )
-            )
+        if (refusal := unknown_model(req.model)) is not None:
+            return refusal
         params = req.sampling_params()
         messages = [m.as_template_input() for m in req.messages]
 
         def make_msg(uid: int) -> TokenizeMsg:
             return TokenizeMsg(uid, params, messages=messages)
 
-        response_cls = StreamResponse if req.stream else FullResponse
-        return response_cls(frontend(), make_msg, ChatFormat(model_name))
+        fmt = ChatFormat(model_name, params.n)
+        return respond(req, Job([make_msg], fmt, params.n, req.logprobs, req.include_usage))
 
     # --8<-- [end:chat_route]
+
+    @app.post("/v1/completions")
+    async def v1_completions(req: CompletionRequest):
+        if (refusal := unknown_model(req.model)) is not None:
+            return refusal
+        params = req.sampling_params()
+
+        def maker(prompt: str | list[int]) -> Callable[[int], TokenizeMsg]:
+            if isinstance(prompt, str):
+                return lambda uid: TokenizeMsg(uid, params, text=prompt, echo=req.echo)
+            packed = pack_ids(prompt)
+            return lambda uid: TokenizeMsg(uid, params, input_ids_packed=packed, echo=req.echo)
+
+        makers = [maker(p) for p in req.prompts()]
+        fmt = CompletionFormat(model_name, len(makers) * params.n)
+        job = Job(makers, fmt, params.n, req.logprobs is not None, req.include_usage)
+        return respond(req, job)
 
     @app.get("/v1/models")
     async def v1_models():
@@ -187,7 +223,7 @@ def create_app(
     @app.get("/metrics")
     async def prometheus_metrics():
         try:
-            lifecycle = await frontend().lifecycle(timeout=1.0)
+            lifecycle = await frontend().lifecycle(timeout=5.0)
         except (Refused, asyncio.TimeoutError):
             lifecycle = None  # the workers' gauges keep their last values
         body = metrics.render(len(frontend().states), lifecycle)

@@ -24,7 +24,7 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 
 import msgspec
@@ -37,9 +37,9 @@ from minisgl.message import (
     LifecycleStateMsg,
     TokenizeMsg,
     TokenizerMsg,
-    UserReply,
 )
 
+from .buffer import Output, ReplyBuffer
 from .metrics import ServerMetrics
 from .middleware import request_id_var
 
@@ -65,67 +65,12 @@ def _server_error(message: str, code: str) -> ErrorInfo:
     return ErrorInfo(message, status=503, code=code, type="server_error")
 
 
-@dataclass
-class Output:
-    """Everything that was pending for one request at one wake-up."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finished: bool
-    finish_reason: str | None
-    error: ErrorInfo | None
-
-
-# --8<-- [start:reply_buffer]
-@dataclass
-class ReplyBuffer:
-    """Pending output of one request, coalesced: many replies take one buffer's room."""
-
-    pieces: list[str] = field(default_factory=list)
-    pending_bytes: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    finished: bool = False
-    finish_reason: str | None = None
-    error: ErrorInfo | None = None
-
-    def append(self, reply: UserReply) -> bool:
-        """Add one reply; return whether the consumer has something new to take."""
-        if reply.incremental_output:
-            self.pieces.append(reply.incremental_output)
-            self.pending_bytes += len(reply.incremental_output.encode())
-        self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)
-        self.completion_tokens = max(self.completion_tokens, reply.completion_tokens)
-        if reply.finished:
-            self.finish(reply.finish_reason, reply.error)
-        return bool(reply.incremental_output) or reply.finished
-
-    def finish(self, reason: str | None, error: ErrorInfo | None = None) -> None:
-        self.finished, self.finish_reason, self.error = True, reason, error
-
-    def take(self) -> Output:
-        text = "".join(self.pieces)
-        self.pieces, self.pending_bytes = [], 0
-        return Output(
-            text,
-            self.prompt_tokens,
-            self.completion_tokens,
-            self.finished,
-            self.finish_reason,
-            self.error,
-        )
-
-
-# --8<-- [end:reply_buffer]
-
-
 @dataclass(eq=False)
 class RequestState:
     uid: int
     request_id: str = "-"  # the X-Request-Id, for log lines about this request
     buffer: ReplyBuffer = field(default_factory=ReplyBuffer)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
+    event: asyncio.Event = field(default_factory=asyncio.Event)  # shared within a group
     # set once the terminal reply (or a local error) is in the buffer: no abort needed
     terminal: bool = False
     # loop time at which a send to the client began and has not returned (stall detection)
@@ -158,8 +103,10 @@ class FrontendManager:
         self._queries: dict[int, asyncio.Future[LifecycleStateMsg]] = {}
 
     # ---------------------------------------------------------------- state
-    def new_user(self) -> RequestState:
-        state = RequestState(next(self.uid_counter), request_id_var.get())
+    def new_user(self, n: int = 1, event: asyncio.Event | None = None) -> RequestState:
+        state = RequestState(next(self.uid_counter), request_id_var.get(), ReplyBuffer(n))
+        if event is not None:
+            state.event = event
         self.states[state.uid] = state
         return state
 
@@ -189,9 +136,14 @@ class FrontendManager:
 
     # --8<-- [start:request_scope]
     @asynccontextmanager
-    async def request(self, make_msg: Callable[[int], TokenizeMsg]) -> AsyncIterator[RequestState]:
+    async def request(
+        self,
+        make_msg: Callable[[int], TokenizeMsg],
+        n: int = 1,
+        event: asyncio.Event | None = None,
+    ) -> AsyncIterator[RequestState]:
         self.check_admission()
-        state = self.new_user()
+        state = self.new_user(n, event)
         try:
             self.send_one(make_msg(state.uid))
             yield state
@@ -249,18 +201,31 @@ class FrontendManager:
 
     def end_with_error(self, state: RequestState, error: ErrorInfo) -> None:
         """End a live request here and now; the backend is told to drop it."""
-        state.buffer.finish(None, error)
+        state.buffer.finish(error)
         if not state.terminal:
             state.terminal = True
             self.send_one(AbortMsg(state.uid))
         state.event.set()
 
+    @asynccontextmanager
+    async def requests(
+        self, make_msgs: list[Callable[[int], TokenizeMsg]], n: int = 1
+    ) -> AsyncIterator[list[RequestState]]:
+        """One HTTP request with several prompts: one scope (uid) per prompt, one wake-up
+        event for all of them; leaving the block leaves every scope."""
+        event = asyncio.Event()
+        async with AsyncExitStack() as stack:
+            yield [await stack.enter_async_context(self.request(m, n, event)) for m in make_msgs]
+
     # --8<-- [start:wait_for_ack]
-    async def wait_for_ack(self, state: RequestState) -> AsyncIterator[Output]:
+    async def wait_for_ack(self, *states: RequestState) -> AsyncIterator[Output]:
+        """Outputs of one request (or of a group sharing one event) until it is over."""
+        event = states[0].event
         while True:
-            await state.event.wait()
-            state.event.clear()
-            output = state.buffer.take()  # everything since the last wake-up
+            await event.wait()
+            event.clear()
+            outputs = [s.buffer.take() for s in states]  # everything since the last wake-up
+            output = outputs[0] if len(outputs) == 1 else Output.merge(outputs, states[0].buffer.n)
             yield output
             if output.finished:
                 return
@@ -272,7 +237,7 @@ class FrontendManager:
         """A worker died: every in-flight request ends now with `error`; new ones get 503."""
         self.backend_error = error
         for state in list(self.states.values()):
-            state.buffer.finish(None, error)
+            state.buffer.finish(error)
             state.terminal = True  # nobody is left to abort in the backend
             state.event.set()
         for fut in self._queries.values():
@@ -308,8 +273,9 @@ class FrontendManager:
                 state.stalled = True
                 state.task.cancel()
 
-    async def lifecycle(self, timeout: float = 2.0) -> dict[str, dict[str, int]]:
-        """Live per-uid state of all three processes, the workers' asked over ZMQ."""
+    async def lifecycle(self, timeout: float = 10.0) -> dict[str, dict[str, int]]:
+        """Live per-uid state of all three processes, the workers' asked over ZMQ. The
+        scheduler answers between two steps, so the wait covers one long prefill step."""
         if self.backend_error is not None:
             raise BackendUnavailable(self.backend_error.message)
         query_id = next(self._query_ids)

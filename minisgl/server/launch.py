@@ -22,6 +22,8 @@ import contextlib
 import logging
 import multiprocessing as mp
 import signal
+import sys
+from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -34,6 +36,7 @@ from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 
 from .args import ServerArgs
 from .frontend import FrontendManager
+from .metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -197,46 +200,86 @@ class _Server(uvicorn.Server):
                 loop.remove_signal_handler(sig)
 
 
-def launch_server(args: ServerArgs) -> int:
-    from .api_server import create_app
-
+@contextlib.contextmanager
+def running_workers(args: ServerArgs) -> Iterator[tuple[IpcChannels, dict[str, BaseProcess]]]:
+    """Both workers started and ready; on leaving, both stopped and the IPC dir removed."""
     model_dir = resolve_model_dir(args.model)
     channels = IpcChannels.create()
     procs: dict[str, BaseProcess] = {}
     try:
-        try:
-            procs = start_workers(args, model_dir, channels)
-        except WorkerStartError as exc:
-            logger.error("%s", exc)
-            return 1
-
-        def connect(metrics) -> FrontendManager:
-            to_tokenizer = PushQueue(channels.tokenizer, TokenizerMsg)
-            inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
-            return FrontendManager(
-                to_tokenizer.put,
-                inbox.get,
-                max_pending_bytes=args.max_pending_bytes,
-                max_concurrent=args.max_concurrent_requests,
-                metrics=metrics,
-            )
-
-        lifecycle: Lifecycle | None = None
-        app = create_app(
-            args, served_model_name(args), connect, lambda fe: lifecycle.watch_workers(procs)
-        )
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            timeout_graceful_shutdown=3,  # after our own drain, only idle connections remain
-        )
-        server = _Server(config)
-        lifecycle = server.lifecycle = Lifecycle(server, app, args.shutdown_timeout)
-        logger.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
-        server.run()
-        return lifecycle.exit_code
+        procs = start_workers(args, model_dir, channels)
+        yield channels, procs
     finally:
         stop_workers(procs)
         channels.remove()
+
+
+def connect_frontend(
+    channels: IpcChannels, args: ServerArgs, metrics: ServerMetrics | None = None
+) -> FrontendManager:
+    """A FrontendManager wired to the tokenizer worker; call it inside the event loop."""
+    to_tokenizer = PushQueue(channels.tokenizer, TokenizerMsg)
+    inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
+    return FrontendManager(
+        to_tokenizer.put,
+        inbox.get,
+        max_pending_bytes=args.max_pending_bytes,
+        max_concurrent=args.max_concurrent_requests,
+        metrics=metrics,
+    )
+
+
+def launch_server(args: ServerArgs) -> int:
+    from .api_server import create_app
+
+    try:
+        with running_workers(args) as (channels, procs):
+            lifecycle: Lifecycle | None = None
+            app = create_app(
+                args,
+                served_model_name(args),
+                lambda metrics: connect_frontend(channels, args, metrics),
+                lambda frontend: lifecycle.watch_workers(procs),
+            )
+            config = uvicorn.Config(
+                app,
+                host=args.host,
+                port=args.port,
+                log_level=args.log_level,
+                timeout_graceful_shutdown=3,  # after our own drain only idle connections remain
+            )
+            server = _Server(config)
+            lifecycle = server.lifecycle = Lifecycle(server, app, args.shutdown_timeout)
+            logger.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
+            server.run()
+            return lifecycle.exit_code
+    except WorkerStartError as exc:
+        logger.error("%s", exc)
+        return 1
+
+
+def launch_shell(args: ServerArgs) -> int:
+    from minisgl.shell import run_shell
+
+    async def main(channels: IpcChannels, procs: dict[str, BaseProcess]) -> int:
+        loop = asyncio.get_running_loop()
+        shell = loop.create_task(run_shell(connect_frontend(channels, args), args.max_tokens))
+
+        def on_exit(name: str, proc: BaseProcess) -> None:
+            loop.remove_reader(proc.sentinel)
+            print(f"\nthe {name} process died (exit code {proc.exitcode})", file=sys.stderr)
+            shell.cancel()
+
+        for name, proc in procs.items():
+            loop.add_reader(proc.sentinel, on_exit, name, proc)
+        try:
+            return await shell
+        except asyncio.CancelledError:
+            return 1
+
+    try:
+        with running_workers(args) as (channels, procs):
+            return asyncio.run(main(channels, procs))
+    except WorkerStartError as exc:
+        logger.error("%s", exc)
+        return 1

@@ -64,7 +64,7 @@ class ServerMetrics:
 
     # ------------------------------------------------------------ events
     def on_reply(self, state: RequestState, reply: UserReply) -> None:
-        new_tokens = reply.completion_tokens - state.buffer.completion_tokens
+        new_tokens = reply.completion_tokens - state.buffer.choices[reply.index].tokens
         if new_tokens <= 0:
             return
         now = time.monotonic()
@@ -84,7 +84,7 @@ class ServerMetrics:
             code = buffer.error.code or "error"
             outcome = "aborted_slow_client" if code == SLOW_CLIENT else "error"
             self.requests.labels(outcome, code if outcome == "error" else "").inc()
-        elif buffer.finish_reason is not None:
+        elif buffer.finished:
             self.requests.labels("finished", "").inc()
         elif state.stalled:
             self.requests.labels("aborted_slow_client", "").inc()

@@ -1,23 +1,27 @@
-"""The OpenAI wire format: request models in, response bodies and SSE chunks out.
+"""The OpenAI request models: what /v1/chat/completions and /v1/completions accept.
 
-Contract: request models are strict (a wrong type is a 400, not a silent coercion) and
-forbid unknown fields (a parameter we do not implement is refused by name, never ignored).
-The builders produce exactly what the official `openai` client's types expect:
-`chat.completion` and `chat.completion.chunk` objects with `chatcmpl-` ids, `created`,
-`model`, and `usage` with real counts.
+Contract: models are strict (a wrong type is a 400, not a silent coercion) and forbid
+unknown fields, so a parameter we do not implement (tools, functions, suffix, ...) is
+refused by name, never ignored. Every accepted parameter reaches `SamplingParams` or the
+response format. Extensions beyond OpenAI's API, as in vLLM and SGLang: top_k, min_tokens,
+ignore_eos, stop_token_ids, repetition_penalty.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from typing import Any, Literal
+from typing import Literal
 
-import msgspec
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from minisgl.core import SamplingParams
-from minisgl.message import ErrorInfo
+from minisgl.core import MAX_LOGPROBS, MAX_N, SamplingParams
+
+
+class ParamError(ValueError):
+    """A cross-field check failed; `param` names the parameter for the error body."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class _Strict(BaseModel):
@@ -43,125 +47,123 @@ class ChatMessage(_Strict):
         return {"role": role, "content": content}
 
 
-# --8<-- [start:request_model]
-class ChatCompletionRequest(_Strict):
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text"]  # json_object / json_schema would need constrained decoding
+
+
+class _SamplingFields(_Strict):
+    """Parameters shared by both endpoints."""
+
     model: str
-    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=-1, ge=-1)  # extension, as in vLLM and SGLang
+    n: int = Field(default=1, ge=1, le=MAX_N)
+    stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
-    ignore_eos: bool = False  # extension: keep generating past the end-of-sequence token
-    user: str | None = None  # an end-user id for logs; it changes no output
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # an end-user id: logged with the request, changes no output
+    # extensions
+    top_k: int = Field(default=-1, ge=-1)
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
 
-    def sampling_params(self) -> SamplingParams:
+    @model_validator(mode="after")
+    def _check(self):
+        if self.stream_options is not None and not self.stream:
+            raise ParamError("stream_options", "stream_options is only allowed with stream: true")
+        for key in self.logit_bias or {}:
+            if not key.isdigit():
+                raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}")
+        return self
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
-            max_tokens=self.max_tokens,
+            max_tokens=max_tokens,
+            min_tokens=self.min_tokens,
             ignore_eos=self.ignore_eos,
             seed=self.seed,
+            n=self.n,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
+            logprobs=logprobs,
         )
+
+
+# --8<-- [start:request_model]
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer max_tokens
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    response_format: ResponseFormat | None = None
+
+    @model_validator(mode="after")
+    def _check_chat(self):
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ParamError(
+                "max_completion_tokens", "give max_completion_tokens or max_tokens, not both"
+            )
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ParamError("top_logprobs", "top_logprobs needs logprobs: true")
+        return self
+
+    def sampling_params(self) -> SamplingParams:
+        max_tokens = self.max_completion_tokens or self.max_tokens
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self._sampling_params(max_tokens, logprobs)
 
 
 # --8<-- [end:request_model]
 
 
-# ---------------------------------------------------------------------- responses
-_json = msgspec.json.Encoder()
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
 
+    @model_validator(mode="after")
+    def _check_completion(self):
+        if not self.prompt or any(p in ("", []) for p in self.prompts()):
+            raise ParamError("prompt", "prompt must not be empty")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ParamError("best_of", "best_of other than n is not supported (it needs ranking)")
+        if self.echo and self.logprobs is not None:
+            raise ParamError("echo", "echo with logprobs is not supported (needs prompt logprobs)")
+        return self
 
-def new_chat_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # one prompt given as token ids
+        return list(p)
 
-
-def error_body(error: ErrorInfo) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.type,
-            "param": error.param,
-            "code": error.code,
-        }
-    }
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def sse(payload: dict[str, Any] | str) -> bytes:
-    """One server-sent event: `data: ...` and the blank line that ends it."""
-    if isinstance(payload, str):
-        return b"data: " + payload.encode() + b"\n\n"
-    return b"data: " + _json.encode(payload) + b"\n\n"
-
-
-SSE_DONE = b"data: [DONE]\n\n"
-
-
-class ChatFormat:
-    """Builds the bodies of one chat completion: its id, creation time and model name."""
-
-    def __init__(self, model: str) -> None:
-        self.id = new_chat_id()
-        self.created = int(time.time())
-        self.model = model
-
-    def _chunk(self, delta: dict[str, str], finish_reason: str | None) -> bytes:
-        return sse(
-            {
-                "id": self.id,
-                "object": "chat.completion.chunk",
-                "created": self.created,
-                "model": self.model,
-                "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-                ],
-            }
-        )
-
-    # --8<-- [start:stream_chunks]
-    def stream_chunks(
-        self, text: str, first: bool, finish_reason: str | None, error: ErrorInfo | None
-    ) -> bytes:
-        """The SSE bytes for one coalesced output."""
-        out = b""
-        delta: dict[str, str] = {"role": "assistant"} if first else {}
-        if text:
-            delta["content"] = text
-        if delta:
-            out += self._chunk(delta, None)
-        if error is not None:  # after the first byte an error can only be an event
-            out += sse(error_body(error))
-        elif finish_reason is not None:
-            out += self._chunk({}, finish_reason)
-        return out
-
-    # --8<-- [end:stream_chunks]
-
-    def completion(
-        self, text: str, finish_reason: str, prompt_tokens: int, completion_tokens: int
-    ) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish_reason,
-                }
-            ],
-            "usage": usage(prompt_tokens, completion_tokens),
-        }
+    def sampling_params(self) -> SamplingParams:
+        return self._sampling_params(self.max_tokens, self.logprobs)

@@ -20,15 +20,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from starlette.responses import Response
 
-from minisgl.message import ErrorInfo, TokenizeMsg
+from minisgl.message import ErrorInfo, TokenInfo, TokenizeMsg
 
+from .formats import SSE_DONE, ChatFormat, CompletionFormat, error_body
 from .frontend import FrontendManager, Refused
-from .protocol import SSE_DONE, ChatFormat, error_body
 
 logger = logging.getLogger(__name__)
 
@@ -87,13 +88,22 @@ async def serve_until_disconnect(serve: Awaitable[None], receive: Receive) -> bo
 # --8<-- [end:serve_until_disconnect]
 
 
+@dataclass
+class Job:
+    """What a route hands its response: one message maker per prompt, and how to answer."""
+
+    make_msgs: list[Callable[[int], TokenizeMsg]]
+    fmt: ChatFormat | CompletionFormat
+    n: int = 1  # choices per prompt
+    logprobs: bool = False
+    include_usage: bool = False
+
+
 class _CompletionResponse(Response):
     """A Starlette Response only so that FastAPI passes it through untouched."""
 
-    def __init__(
-        self, frontend: FrontendManager, make_msg: Callable[[int], TokenizeMsg], fmt: ChatFormat
-    ) -> None:
-        self.frontend, self.make_msg, self.fmt = frontend, make_msg, fmt
+    def __init__(self, frontend: FrontendManager, job: Job) -> None:
+        self.frontend, self.job = frontend, job
         self.background = None
 
     async def __call__(self, scope, receive: Receive, send: Send) -> None:
@@ -120,17 +130,31 @@ class FullResponse(_CompletionResponse):
     """Non-streaming: collect the whole output, then one JSON body."""
 
     async def serve(self, send: Send) -> None:
-        async with self.frontend.request(self.make_msg) as state:
-            pieces: list[str] = []
-            async with aclosing(self.frontend.wait_for_ack(state)) as outputs:
+        job = self.job
+        k = len(job.make_msgs) * job.n  # choices in the response
+        texts: list[list[str]] = [[] for _ in range(k)]
+        finish: list[str | None] = [None] * k
+        logprobs: list[list[TokenInfo]] = [[] for _ in range(k)]
+        async with self.frontend.requests(job.make_msgs, job.n) as states:
+            async with aclosing(self.frontend.wait_for_ack(*states)) as outputs:
                 async for out in outputs:
-                    pieces.append(out.text)
+                    for c in out.choices:
+                        texts[c.index].append(c.text)
+                        logprobs[c.index] += c.logprobs
+                        finish[c.index] = c.finish_reason or finish[c.index]
             if out.error is not None:
                 await send_json(send, out.error.status, error_body(out.error))
                 return
-            body = self.fmt.completion(
-                "".join(pieces), out.finish_reason, out.prompt_tokens, out.completion_tokens
+            body = job.fmt.body(
+                ["".join(t) for t in texts],
+                finish,
+                logprobs if job.logprobs else None,
+                out.prompt_tokens,
+                out.completion_tokens,
             )
+            for state in states:  # a client that never reads this body is a stall too
+                state.task = asyncio.current_task()
+            states[0].sending_since = asyncio.get_running_loop().time()
             await send_json(send, 200, body)
 
 
@@ -139,26 +163,27 @@ class StreamResponse(_CompletionResponse):
 
     # --8<-- [start:stream_serve]
     async def serve(self, send: Send) -> None:
-        loop = asyncio.get_running_loop()
-        async with self.frontend.request(self.make_msg) as state:
-            state.task = asyncio.current_task()
-            async with aclosing(self.frontend.wait_for_ack(state)) as outputs:
+        loop, job = asyncio.get_running_loop(), self.job
+        async with self.frontend.requests(job.make_msgs, job.n) as states:
+            for state in states:
+                state.task = asyncio.current_task()
+            async with aclosing(self.frontend.wait_for_ack(*states)) as outputs:
                 out = await anext(outputs)
                 if out.error is not None:  # nothing sent yet: a real HTTP status
                     await send_json(send, out.error.status, error_body(out.error))
                     return
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-                first = True
                 while True:
-                    body = self.fmt.stream_chunks(out.text, first, out.finish_reason, out.error)
-                    first = False
+                    body = job.fmt.chunks(out)
                     if out.finished:
+                        if job.include_usage and out.error is None:
+                            body += job.fmt.usage_chunk(out)
                         body += SSE_DONE
-                    state.sending_since = loop.time()
+                    states[0].sending_since = loop.time()
                     await send(
                         {"type": "http.response.body", "body": body, "more_body": not out.finished}
                     )
-                    state.sending_since = None
+                    states[0].sending_since = None
                     if out.finished:
                         return
                     out = await anext(outputs)

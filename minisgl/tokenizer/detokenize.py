@@ -1,18 +1,23 @@
-"""DetokenizeManager: incremental, UTF-8-safe text for each request's sampled tokens.
+"""DetokenizeManager: incremental, UTF-8-safe text for each request's sampled tokens,
+with stop strings matched across token boundaries.
 
-Contract: `add(uid)` creates a request's decode state; this happens when its prompt is
-tokenized, never on a first token, so a late token for a uid that was removed finds no state
-and is dropped (`feed` returns None for it). `feed(msgs)` turns tokens of many requests into
-their new text, one batched tokenizer call per round; a batch may hold several steps of one
-uid (a worker that fell behind), which are then decoded in successive rounds, in order.
-`remove(uid)` drops the state; `feed` drops it itself when a message carries a
-finish_reason.
+Contract: `add(uid, ...)` creates a request's decode state (one per choice); this happens
+when its prompt is tokenized, never on a first token, so a late token for a uid that was
+removed finds no state and is dropped (`feed` returns None for it). `feed(msgs)` turns
+tokens of many requests into their new text, one batched tokenizer call per round; a batch
+may hold several steps of one uid (a worker that fell behind), which are then decoded in
+successive rounds, in order. `remove(uid)` drops the state; `feed` drops it itself once
+every choice of the request has finished.
 
-Why text is held back: one character can span several byte-level tokens (Chinese, emoji).
-Decoding a prefix of those tokens yields U+FFFD, so new text that ends in U+FFFD waits for
-the next token. Decoding only from a recent offset keeps each step O(new tokens), and
-decoding a few tokens before the offset keeps tokenizers that merge spaces across token
-boundaries (SentencePiece-style) correct.
+Why text is held back:
+- one character can span several byte-level tokens (Chinese, emoji). Decoding a prefix of
+  those tokens yields U+FFFD, so new text that ends in U+FFFD waits for the next token.
+  Decoding only from a recent offset keeps each step O(new tokens), and decoding a few
+  tokens before the offset keeps tokenizers that merge spaces across token boundaries
+  (SentencePiece-style) correct.
+- text that could be the start of a stop string waits until it is known not to be one.
+  A stop string ends its choice with finish_reason "stop" and is trimmed from the output;
+  `Decoded.stop_hit` tells the caller to stop that choice in the scheduler.
 """
 
 from __future__ import annotations
@@ -26,17 +31,34 @@ _REPLACEMENT = "\ufffd"
 
 @dataclass
 class Decoded:
-    text: str  # new text for this token (may be empty while a character is incomplete)
+    text: str  # new text for this token (may be empty while text is held back)
     prompt_tokens: int
-    completion_tokens: int  # output tokens so far, this one included
+    completion_tokens: int  # tokens of this choice so far, this one included
+    finish_reason: str | None  # the choice finished: "stop" or "length"
+    finished: bool  # every choice of the request has finished
+    stop_hit: bool = False  # a stop string (not the scheduler) ended the choice
+
+
+@dataclass
+class ChoiceState:
+    ids: list[int] = field(default_factory=list)  # output token ids so far
+    prefix_offset: int = 0  # ids[prefix_offset:read_offset] is already-decoded context
+    read_offset: int = 0  # ids before this have been turned into text
+    text: str = ""  # decoded text not yet sent (only kept while stop strings may match)
+    finish_reason: str | None = None
+    echo: str = ""  # the prompt, sent ahead of the first token's text (completions' echo)
 
 
 @dataclass
 class DecodeState:
     prompt_tokens: int = 0
-    ids: list[int] = field(default_factory=list)  # output token ids so far
-    prefix_offset: int = 0  # ids[prefix_offset:read_offset] is already-sent context
-    read_offset: int = 0  # ids before this have been turned into sent text
+    choices: list[ChoiceState] = field(default_factory=lambda: [ChoiceState()])
+    stop: tuple[str, ...] = ()
+    min_tokens: int = 0
+
+    @property
+    def done(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
 
 
 class DetokenizeManager:
@@ -44,8 +66,17 @@ class DetokenizeManager:
         self.tokenizer = tokenizer
         self.decode_map: dict[int, DecodeState] = {}
 
-    def add(self, uid: int, prompt_tokens: int = 0) -> None:
-        self.decode_map[uid] = DecodeState(prompt_tokens)
+    def add(
+        self,
+        uid: int,
+        prompt_tokens: int = 0,
+        n: int = 1,
+        stop: list[str] | tuple[str, ...] = (),
+        min_tokens: int = 0,
+        echo: str = "",
+    ) -> None:
+        choices = [ChoiceState(echo=echo) for _ in range(n)]
+        self.decode_map[uid] = DecodeState(prompt_tokens, choices, tuple(stop), min_tokens)
 
     def remove(self, uid: int) -> None:
         self.decode_map.pop(uid, None)
@@ -56,39 +87,89 @@ class DetokenizeManager:
         )
 
     def feed(self, msgs: list[DetokenizeMsg]) -> list[Decoded | None]:
-        """New text and counts per message, in order; None for a uid without decode state."""
+        """New text per message, in order; None for a token nobody waits for (its request
+        or choice has ended)."""
         out: list[Decoded | None] = [None] * len(msgs)
         pending = list(enumerate(msgs))
-        while pending:  # each round holds at most one token per uid
-            seen: set[int] = set()
+        while pending:  # each round holds at most one token per (uid, choice)
+            seen: set[tuple[int, int]] = set()
             this_round, pending_next = [], []
             for item in pending:
-                (pending_next if item[1].uid in seen else this_round).append(item)
-                seen.add(item[1].uid)
+                key = (item[1].uid, item[1].index)
+                (pending_next if key in seen else this_round).append(item)
+                seen.add(key)
             self._feed_round(this_round, out)
             pending = pending_next
         return out
 
-    def _feed_round(
-        self, items: list[tuple[int, DetokenizeMsg]], out: list[Decoded | None]
-    ) -> None:
-        live: list[tuple[int, DecodeState, DetokenizeMsg]] = []
+    def _feed_round(self, items: list[tuple[int, DetokenizeMsg]], out: list) -> None:
+        live: list[tuple[int, DecodeState, ChoiceState, DetokenizeMsg]] = []
         for i, msg in items:
-            if (state := self.decode_map.get(msg.uid)) is not None:
-                state.ids.append(msg.next_token)
-                live.append((i, state, msg))
-        before = self._decode([s.ids[s.prefix_offset : s.read_offset] for _, s, _ in live])
-        after = self._decode([s.ids[s.prefix_offset :] for _, s, _ in live])
+            state = self.decode_map.get(msg.uid)
+            if state is None or msg.index >= len(state.choices):
+                continue
+            choice = state.choices[msg.index]
+            if choice.finish_reason is not None:
+                continue  # stopped by a stop string; the scheduler had not heard yet
+            choice.ids.append(msg.next_token)
+            live.append((i, state, choice, msg))
+        before = self._decode([c.ids[c.prefix_offset : c.read_offset] for _, _, c, _ in live])
+        after = self._decode([c.ids[c.prefix_offset :] for _, _, c, _ in live])
 
-        for (i, state, msg), old, new in zip(live, before, after, strict=True):
+        for (i, state, choice, msg), old, new in zip(live, before, after, strict=True):
             delta = new[len(old) :]
-            finished = msg.finish_reason is not None
+            last = msg.finish_reason is not None
             if delta and not delta.endswith(_REPLACEMENT):
-                state.prefix_offset, state.read_offset = state.read_offset, len(state.ids)
-            elif finished:
+                choice.prefix_offset, choice.read_offset = choice.read_offset, len(choice.ids)
+            elif last:
                 delta = delta.rstrip(_REPLACEMENT)  # bytes that never completed a character
             else:
                 delta = ""
-            out[i] = Decoded(delta, state.prompt_tokens, len(state.ids))
-            if finished:
+            text, stop_hit = self._apply_stop(state, choice, delta, last)
+            text, choice.echo = choice.echo + text, ""
+            if stop_hit:
+                choice.finish_reason = "stop"
+            elif last:
+                choice.finish_reason = msg.finish_reason
+            out[i] = Decoded(
+                text,
+                state.prompt_tokens,
+                len(choice.ids),
+                choice.finish_reason,
+                state.done,
+                stop_hit,
+            )
+            if state.done:
                 self.remove(msg.uid)
+
+    # --8<-- [start:stop_strings]
+    @staticmethod
+    def _apply_stop(
+        state: DecodeState, choice: ChoiceState, delta: str, last: bool
+    ) -> tuple[str, bool]:
+        """The text safe to send now, and whether a stop string ended the choice."""
+        if not state.stop:
+            return delta, False
+        text = choice.text + delta
+        if len(choice.ids) >= state.min_tokens:
+            hits = [p for p in (text.find(s) for s in state.stop) if p >= 0]
+            if hits:  # trimmed: the stop string and all after it never reach the client
+                choice.text = ""
+                return text[: min(hits)], True
+        if last:
+            choice.text = ""
+            return text, False
+        # hold back the longest tail that could still grow into a stop string
+        hold = max(
+            (
+                k
+                for s in state.stop
+                for k in range(1, min(len(s), len(text) + 1))
+                if text.endswith(s[:k])
+            ),
+            default=0,
+        )
+        choice.text = text[len(text) - hold :]
+        return text[: len(text) - hold], False
+
+    # --8<-- [end:stop_strings]

@@ -5,8 +5,10 @@ Contract (per uid):
   A prompt that cannot be tokenized is answered at once with an error UserReply.
 - AbortMsg: drop the decode state and forward AbortBackendMsg (the reference forwarded the
   abort but kept the decode state, which then leaked).
-- DetokenizeMsg: new text for the uid, sent on as a UserReply; the last one removes the
-  decode state. A token for a uid without decode state (aborted) is dropped.
+- DetokenizeMsg: new text for one choice of the uid, sent on as a UserReply; when a stop
+  string ends a choice, AbortBackendMsg(uid, index) stops it in the scheduler; the reply
+  that ends the last choice is the request's terminal one and removes the decode state. A
+  token for a uid without decode state (aborted) is dropped.
 - BackendErrorMsg: drop the decode state, send the error on as the terminal UserReply.
 - LifecycleQueryMsg: forwarded to the scheduler; its answer comes back as SchedulerStateMsg
   and goes to the API server together with this worker's own counts.
@@ -33,6 +35,7 @@ from minisgl.message import (
     LifecycleStateMsg,
     SchedulerStateMsg,
     StateQueryMsg,
+    TokenInfo,
     TokenizeMsg,
     TokenizerMsg,
     UserMsg,
@@ -70,7 +73,7 @@ class TokenizerWorker:
             if isinstance(msg, DetokenizeMsg):
                 run.append(msg)
                 continue
-            to_frontend += self._detokenize(run)
+            to_frontend += self._detokenize(run, to_backend)
             run = []
             if isinstance(msg, TokenizeMsg):
                 to_backend += self._tokenize(msg, to_frontend)
@@ -83,7 +86,7 @@ class TokenizerWorker:
                 to_backend.append(StateQueryMsg(msg.query_id))
             elif isinstance(msg, SchedulerStateMsg):
                 to_frontend.append(LifecycleStateMsg(msg.query_id, self.state(), msg.state))
-        to_frontend += self._detokenize(run)
+        to_frontend += self._detokenize(run, to_backend)
         self.send_backend(to_backend)
         self.send_frontend(to_frontend)
 
@@ -102,27 +105,64 @@ class TokenizerWorker:
             to_frontend.append(UserReply(msg.uid, finished=True, error=error))
             return []
         # the decode state is created here, with the prompt, never by a first token
-        self.detokenize_manager.add(msg.uid, prompt_tokens=len(ids))
-        return [UserMsg.make(msg.uid, ids, msg.sampling_params)]
+        params = msg.sampling_params
+        echo = ""
+        if msg.echo:
+            echo = (
+                msg.text
+                if msg.text is not None
+                else self.tokenizer.decode(ids, skip_special_tokens=True)
+            )
+        self.detokenize_manager.add(
+            msg.uid, len(ids), params.n, params.stop, params.min_tokens, echo=echo
+        )
+        return [UserMsg.make(msg.uid, ids, params)]
 
-    def _detokenize(self, run: list[DetokenizeMsg]) -> list[FrontendMsg]:
+    def _detokenize(
+        self, run: list[DetokenizeMsg], to_backend: list[BackendMsg]
+    ) -> list[FrontendMsg]:
         if not run:
             return []
         replies: list[FrontendMsg] = []
-        for msg, decoded in zip(run, self.detokenize_manager.feed(run)):
+        decoded_run = self.detokenize_manager.feed(run)
+        token_infos = self._token_infos(run, decoded_run)
+        for msg, decoded, info in zip(run, decoded_run, token_infos):
             if decoded is None:
-                continue  # late token of an aborted request: dropped
+                continue  # late token of an aborted request or stopped choice: dropped
+            if decoded.stop_hit:  # a stop string ended this choice: the scheduler stops it
+                to_backend.append(AbortBackendMsg(msg.uid, msg.index))
             replies.append(
                 UserReply(
                     msg.uid,
                     decoded.text,
-                    finished=msg.finish_reason is not None,
-                    finish_reason=msg.finish_reason,
+                    finished=decoded.finished,
+                    finish_reason=decoded.finish_reason,
                     prompt_tokens=decoded.prompt_tokens,
                     completion_tokens=decoded.completion_tokens,
+                    index=msg.index,
+                    logprobs=info,
                 )
             )
         return replies
+
+    def _token_infos(self, run, decoded_run) -> list[list[TokenInfo] | None]:
+        """Token texts for the replies that carry logprobs, decoded in one batched call."""
+        infos: list[list[TokenInfo] | None] = [None] * len(run)
+        wanted = [
+            i for i, (m, d) in enumerate(zip(run, decoded_run)) if d and m.logprob is not None
+        ]
+        if not wanted:
+            return infos
+        batch = []
+        for i in wanted:  # the sampled token, then its alternatives
+            batch.append([run[i].next_token])
+            batch += [[token] for token, _ in run[i].logprob.top]
+        texts = iter(self.tokenizer.batch_decode(batch, skip_special_tokens=False))
+        for i in wanted:
+            lp = run[i].logprob
+            token = next(texts)
+            infos[i] = [TokenInfo(token, lp.logprob, [(next(texts), v) for _, v in lp.top])]
+        return infos
 
     def _error(self, msg: BackendErrorMsg) -> list[FrontendMsg]:
         state = self.detokenize_manager.decode_map.get(msg.uid)
@@ -130,7 +170,16 @@ class TokenizerWorker:
             return []  # already aborted: the API server has forgotten this uid
         self.detokenize_manager.remove(msg.uid)
         error = ErrorInfo(msg.message, msg.status, msg.code, msg.param)
-        return [UserReply(msg.uid, finished=True, error=error, prompt_tokens=state.prompt_tokens)]
+        generated = sum(len(c.ids) for c in state.choices)
+        return [
+            UserReply(
+                msg.uid,
+                finished=True,
+                error=error,
+                prompt_tokens=state.prompt_tokens,
+                completion_tokens=generated,
+            )
+        ]
 
 
 def tokenize_worker(args, model_dir: Path, channels, ready: Connection) -> None:

@@ -413,7 +413,7 @@ def test_a_detokenize_before_its_tokenize_in_the_same_batch_is_dropped(tokenizer
     # the token precedes the prompt: batching must not move it after the TokenizeMsg
     worker.handle([DetokenizeMsg(40, token), TokenizeMsg(40, _params(), text="a")])
     assert rec.frontend == []
-    assert _states(worker)[40].ids == []
+    assert _states(worker)[40].choices[0].ids == []
 
 
 def test_several_steps_of_one_uid_in_one_batch_each_count_and_no_text_repeats(

@@ -1,0 +1,232 @@
+"""Response bodies in the OpenAI wire format, for chat and for plain completions.
+
+Contract: a format object is made per HTTP request (it holds the id, creation time, model
+name and what was already sent) and turns the frontend's coalesced `Output`s into
+- `chunks(output)`: the SSE bytes of one output (a choice's first chunk carries
+  role "assistant" in chat; a choice that ended gets a chunk with its finish_reason; an
+  error after streaming began is one `data: {"error": ...}` event),
+- `usage_chunk(output)`: the last chunk asked for by `stream_options.include_usage`,
+- `body(...)`: the whole non-streaming response.
+The shapes validate as the `openai` client's `ChatCompletion(Chunk)` and `Completion`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from minisgl.message import ErrorInfo, TokenInfo
+
+from .buffer import ChoiceOutput, Output
+
+_json = msgspec.json.Encoder()
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event: `data: ...` and the blank line that ends it."""
+    return b"data: " + _json.encode(payload) + b"\n\n"
+
+
+def error_body(error: ErrorInfo) -> dict[str, Any]:
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+class _Format:
+    object: str
+    chunk_object: str
+    id_prefix: str
+
+    def __init__(self, model: str, n_choices: int = 1) -> None:
+        self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.n_choices = n_choices
+        self._started: set[int] = set()  # choices whose first chunk went out
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+
+    # --8<-- [start:chunks]
+    def chunks(self, output: Output) -> bytes:
+        """The SSE bytes for one coalesced output."""
+        out = b""
+        for choice in output.choices:
+            first = choice.index not in self._started
+            self._started.add(choice.index)
+            delta = self._delta(choice, first)
+            if delta is not None:
+                out += sse(self._envelope(self.chunk_object, [delta]))
+            if choice.finish_reason is not None and output.error is None:
+                out += sse(self._envelope(self.chunk_object, [self._end(choice)]))
+        if output.error is not None:  # after the first byte an error can only be an event
+            out += sse(error_body(output.error))
+        return out
+
+    # --8<-- [end:chunks]
+
+    def usage_chunk(self, output: Output) -> bytes:
+        body = self._envelope(self.chunk_object, [])
+        body["usage"] = usage(output.prompt_tokens, output.completion_tokens)
+        return sse(body)
+
+    def body(
+        self,
+        texts: list[str],
+        finish_reasons: list[str | None],
+        logprobs: list[list[TokenInfo]] | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+    ) -> dict[str, Any]:
+        """The whole non-streaming response."""
+        choices = [
+            self._choice(i, text, finish_reasons[i], logprobs[i] if logprobs else None)
+            for i, text in enumerate(texts)
+        ]
+        body = self._envelope(self.object, choices)
+        body["usage"] = usage(prompt_tokens, completion_tokens)
+        return body
+
+    def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def _end(self, choice: ChoiceOutput) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _choice(
+        self, index: int, text: str, finish: str | None, logprobs: list[TokenInfo] | None
+    ) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class ChatFormat(_Format):
+    object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
+
+    def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
+        delta: dict[str, str] = {"role": "assistant"} if first else {}
+        if choice.text:
+            delta["content"] = choice.text
+        if not delta and not choice.logprobs:
+            return None
+        return {
+            "index": choice.index,
+            "delta": delta,
+            "logprobs": _chat_logprobs(choice.logprobs) if choice.logprobs else None,
+            "finish_reason": None,
+        }
+
+    def _end(self, choice: ChoiceOutput) -> dict[str, Any]:
+        return {
+            "index": choice.index,
+            "delta": {},
+            "logprobs": None,
+            "finish_reason": choice.finish_reason,
+        }
+
+    def _choice(self, index: int, text: str, finish: str | None, logprobs) -> dict[str, Any]:
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
+            "finish_reason": finish,
+        }
+
+
+class CompletionFormat(_Format):
+    object = "text_completion"
+    chunk_object = "text_completion"  # OpenAI streams completions as the same object
+    id_prefix = "cmpl-"
+
+    def __init__(self, model: str, n_choices: int = 1) -> None:
+        super().__init__(model, n_choices)
+        self._offsets = [0] * n_choices  # text length sent per choice (logprobs text_offset)
+
+    def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
+        if not choice.text and not choice.logprobs:
+            return None
+        logprobs = None
+        if choice.logprobs:
+            logprobs = _completion_logprobs(choice.logprobs, self._offsets[choice.index])
+        self._offsets[choice.index] += len(choice.text)
+        return {
+            "index": choice.index,
+            "text": choice.text,
+            "logprobs": logprobs,
+            "finish_reason": None,
+        }
+
+    def _end(self, choice: ChoiceOutput) -> dict[str, Any]:
+        return {
+            "index": choice.index,
+            "text": "",
+            "logprobs": None,
+            "finish_reason": choice.finish_reason,
+        }
+
+    def _choice(self, index: int, text: str, finish: str | None, logprobs) -> dict[str, Any]:
+        return {
+            "index": index,
+            "text": text,
+            "logprobs": _completion_logprobs(logprobs, 0) if logprobs is not None else None,
+            "finish_reason": finish,
+        }
+
+
+def _token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+def _chat_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
+    return {
+        "content": [
+            {
+                "token": info.token,
+                "logprob": info.logprob,
+                "bytes": _token_bytes(info.token),
+                "top_logprobs": [
+                    {"token": t, "logprob": lp, "bytes": _token_bytes(t)} for t, lp in info.top
+                ],
+            }
+            for info in infos
+        ],
+        "refusal": None,
+    }
+
+
+def _completion_logprobs(infos: list[TokenInfo], start: int) -> dict[str, Any]:
+    offsets, pos = [], start
+    for info in infos:
+        offsets.append(pos)
+        pos += len(info.token)
+    return {
+        "tokens": [info.token for info in infos],
+        "token_logprobs": [info.logprob for info in infos],
+        "top_logprobs": [dict(info.top) for info in infos],
+        "text_offset": offsets,
+    }
