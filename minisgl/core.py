@@ -52,7 +52,8 @@ class SamplingParams:
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature <= 0.0 or self.top_k == 1
+        # below 1e-5 a temperature only overflows float32 logits: it means "greedy"
+        return self.temperature < 1e-5 or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

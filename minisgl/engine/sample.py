@@ -97,8 +97,8 @@ class Sampler:
             seeds=self._tensor([_as_int64(r.seed) for r in reqs], torch.int64),
             steps=self._tensor([r.output_len for r in reqs], torch.int64),
         )
-        if any(p.top_k > 0 for p in params):
-            ks = [p.top_k if p.top_k > 0 else self.vocab_size for p in params]
+        if any(0 < p.top_k < self.vocab_size for p in params):
+            ks = [p.top_k if 0 < p.top_k < self.vocab_size else self.vocab_size for p in params]
             args.top_k = self._tensor(ks, torch.int64)[:, None]
         if any(p.top_p < 1.0 for p in params):
             args.top_p = self._tensor([p.top_p for p in params], torch.float32)[:, None]

@@ -126,9 +126,11 @@ def create_app(
     app = FastAPI(title="minisgl", lifespan=lifespan)
     app.state.metrics = metrics
     # added last = outermost: every answer, a 401 or 413 too, carries its X-Request-Id
-    app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware, max_bytes=args.max_body_bytes, on_reject=metrics.on_rejected
+    )
     if args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key, on_reject=metrics.on_rejected)
     app.add_middleware(RequestIdMiddleware)
 
     @app.exception_handler(RequestValidationError)
@@ -238,4 +240,47 @@ def create_app(
         except asyncio.TimeoutError:
             return error_response(unavailable("a worker did not answer the state query"))
 
+    _describe_errors_as_openai(app)
     return app
+
+
+_ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+
+
+def _describe_errors_as_openai(app: FastAPI) -> None:
+    """FastAPI documents validation errors as 422 with its own body; this server answers
+    400 with the OpenAI error body, so say that in /openapi.json."""
+    build = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = build()
+            for operations in schema.get("paths", {}).values():
+                for op in operations.values():
+                    responses = op.get("responses", {})
+                    if responses.pop("422", None) is not None:
+                        responses["400"] = {
+                            "description": "Invalid request",
+                            "content": {"application/json": {"schema": _ERROR_SCHEMA}},
+                        }
+            schema.get("components", {}).get("schemas", {}).pop("HTTPValidationError", None)
+            schema.get("components", {}).get("schemas", {}).pop("ValidationError", None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi

@@ -146,6 +146,16 @@ class FrontendManager:
         state = self.new_user(n, event)
         try:
             self.send_one(make_msg(state.uid))
+        except BaseException as exc:  # nothing reached the workers: nothing to abort
+            del self.states[state.uid]
+            if isinstance(exc, (msgspec.EncodeError, OverflowError, UnicodeEncodeError)):
+                # e.g. a lone surrogate in the text: the request is at fault
+                error = ErrorInfo(
+                    f"the request cannot be encoded: {exc}", 400, code="invalid_value"
+                )
+                raise Refused(error) from exc
+            raise
+        try:
             yield state
         finally:
             del self.states[state.uid]

@@ -161,6 +161,7 @@ class Lifecycle:
 
         def on_exit(name: str, proc: BaseProcess) -> None:
             loop.remove_reader(proc.sentinel)
+            proc.join(timeout=1.0)  # reap it, so that its exit code is known
             message = f"the {name} process died (exit code {proc.exitcode}); the server stops"
             logger.error(message)
             self.frontend.fail_all(
@@ -267,6 +268,7 @@ def launch_shell(args: ServerArgs) -> int:
 
         def on_exit(name: str, proc: BaseProcess) -> None:
             loop.remove_reader(proc.sentinel)
+            proc.join(timeout=1.0)
             print(f"\nthe {name} process died (exit code {proc.exitcode})", file=sys.stderr)
             shell.cancel()
 

@@ -8,7 +8,7 @@
   (/health, /metrics, /debug/lifecycle) stay open.
 - `BodyLimitMiddleware`: a request body over the limit is answered 413 before any route
   reads it, whether it declares a Content-Length or streams chunks.
-All error answers use the OpenAI error body.
+All error answers use the OpenAI error body, and are counted through `on_reject(code)`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import contextvars
 import hmac
 import re
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -78,15 +79,21 @@ class RequestIdMiddleware:
             request_id_var.reset(token)
 
 
+def _no_count(code: str) -> None:
+    pass
+
+
 class ApiKeyMiddleware:
-    def __init__(self, app, api_key: str) -> None:
+    def __init__(self, app, api_key: str, on_reject: Callable[[str], None] = _no_count) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.on_reject = on_reject
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             given = _header(scope, b"authorization") or b""
             if not hmac.compare_digest(given, self.expected):  # constant time
+                self.on_reject("invalid_api_key")
                 return await _send_error(
                     send,
                     401,
@@ -106,11 +113,13 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimitMiddleware:
-    def __init__(self, app, max_bytes: int) -> None:
+    def __init__(self, app, max_bytes: int, on_reject: Callable[[str], None] = _no_count) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.on_reject = on_reject
 
     async def _too_large(self, send) -> None:
+        self.on_reject("body_too_large")
         error = BodyTooLarge(self.max_bytes)
         await _send_error(send, 413, str(error.detail), "body_too_large")
 

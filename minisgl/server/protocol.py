@@ -9,11 +9,17 @@ ignore_eos, stop_token_ids, repetition_penalty.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from minisgl.core import MAX_LOGPROBS, MAX_N, SamplingParams
+
+# Integer bounds: what the wire format (msgpack, int32 token arrays) and the engine's
+# int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
+INT32_MAX = 2**31 - 1
+TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Count = Annotated[int, Field(ge=1, le=2**63 - 1)]  # larger max_tokens are clamped anyway
 
 
 class ParamError(ValueError):
@@ -59,12 +65,12 @@ class _SamplingFields(_Strict):
     """Parameters shared by both endpoints."""
 
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: Count | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     n: int = Field(default=1, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
@@ -72,10 +78,10 @@ class _SamplingFields(_Strict):
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # an end-user id: logged with the request, changes no output
     # extensions
-    top_k: int = Field(default=-1, ge=-1)
-    min_tokens: int = Field(default=0, ge=0)
+    top_k: int = Field(default=-1, ge=-1, le=INT32_MAX)
+    min_tokens: int = Field(default=0, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
 
     @model_validator(mode="after")
@@ -83,7 +89,7 @@ class _SamplingFields(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options is only allowed with stream: true")
         for key in self.logit_bias or {}:
-            if not key.isdigit():
+            if not (key.isdigit() and int(key) <= INT32_MAX):
                 raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}")
         return self
 
@@ -115,7 +121,7 @@ class _SamplingFields(_Strict):
 # --8<-- [start:request_model]
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)  # the newer max_tokens
+    max_completion_tokens: Count | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     response_format: ResponseFormat | None = None
@@ -140,8 +146,8 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    max_tokens: Count | None = 16  # OpenAI's default for completions
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
