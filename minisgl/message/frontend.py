@@ -20,11 +20,15 @@ class ErrorInfo(msgspec.Struct):
 
 
 class TokenInfo(msgspec.Struct, array_like=True):
-    """One sampled token for logprobs: its text, log-probability, and top alternatives."""
+    """One sampled token for logprobs: its text (U+FFFD where it holds only part of a
+    character), its exact bytes, its log-probability, where its text starts in the choice's
+    output, and the top alternatives as (text, bytes, logprob)."""
 
     token: str
+    raw: bytes
     logprob: float
-    top: list[tuple[str, float]] = []
+    offset: int = 0
+    top: list[tuple[str, bytes, float]] = []
 
 
 class UserReply(msgspec.Struct, tag=True):

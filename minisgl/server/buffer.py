@@ -99,7 +99,8 @@ class ReplyBuffer:
             choice.logprobs += reply.logprobs
             # logprobs wait unread too: count them against the slow-client cap
             self.pending_bytes += sum(
-                16 + len(i.token) + sum(16 + len(t) for t, _ in i.top) for i in reply.logprobs
+                24 + 2 * len(i.raw) + sum(24 + 2 * len(raw) for _, raw, _ in i.top)
+                for i in reply.logprobs
             )
         choice.tokens = max(choice.tokens, reply.completion_tokens)
         self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)

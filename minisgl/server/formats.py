@@ -163,17 +163,10 @@ class CompletionFormat(_Format):
     chunk_object = "text_completion"  # OpenAI streams completions as the same object
     id_prefix = "cmpl-"
 
-    def __init__(self, model: str, n_choices: int = 1) -> None:
-        super().__init__(model, n_choices)
-        self._offsets = [0] * n_choices  # text length sent per choice (logprobs text_offset)
-
     def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
         if not choice.text and not choice.logprobs:
             return None
-        logprobs = None
-        if choice.logprobs:
-            logprobs = _completion_logprobs(choice.logprobs, self._offsets[choice.index])
-        self._offsets[choice.index] += len(choice.text)
+        logprobs = _completion_logprobs(choice.logprobs) if choice.logprobs else None
         return {
             "index": choice.index,
             "text": choice.text,
@@ -193,13 +186,9 @@ class CompletionFormat(_Format):
         return {
             "index": index,
             "text": text,
-            "logprobs": _completion_logprobs(logprobs, 0) if logprobs is not None else None,
+            "logprobs": _completion_logprobs(logprobs) if logprobs is not None else None,
             "finish_reason": finish,
         }
-
-
-def _token_bytes(token: str) -> list[int]:
-    return list(token.encode("utf-8"))
 
 
 def _chat_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
@@ -208,9 +197,9 @@ def _chat_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
             {
                 "token": info.token,
                 "logprob": info.logprob,
-                "bytes": _token_bytes(info.token),
+                "bytes": list(info.raw),
                 "top_logprobs": [
-                    {"token": t, "logprob": lp, "bytes": _token_bytes(t)} for t, lp in info.top
+                    {"token": text, "logprob": lp, "bytes": list(raw)} for text, raw, lp in info.top
                 ],
             }
             for info in infos
@@ -219,14 +208,23 @@ def _chat_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
     }
 
 
-def _completion_logprobs(infos: list[TokenInfo], start: int) -> dict[str, Any]:
-    offsets, pos = [], start
+def _completion_token(text: str, raw: bytes) -> str:
+    """A token that holds only part of a character is named by its bytes, as OpenAI does."""
+    if "\ufffd" in text and raw:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+    return text
+
+
+def _completion_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
+    top: list[dict[str, float]] = []
     for info in infos:
-        offsets.append(pos)
-        pos += len(info.token)
+        alternatives: dict[str, float] = {}
+        for text, raw, lp in info.top:  # best first: a repeated name keeps its best value
+            alternatives.setdefault(_completion_token(text, raw), lp)
+        top.append(alternatives)
     return {
-        "tokens": [info.token for info in infos],
+        "tokens": [_completion_token(info.token, info.raw) for info in infos],
         "token_logprobs": [info.logprob for info in infos],
-        "top_logprobs": [dict(info.top) for info in infos],
-        "text_offset": offsets,
+        "top_logprobs": top,
+        "text_offset": [info.offset for info in infos],
     }

@@ -89,7 +89,7 @@ class _SamplingFields(_Strict):
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options is only allowed with stream: true")
         for key in self.logit_bias or {}:
-            if not (key.isdigit() and int(key) <= INT32_MAX):
+            if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
                 raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}")
         return self
 

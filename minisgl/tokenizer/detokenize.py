@@ -37,11 +37,14 @@ class Decoded:
     finish_reason: str | None  # the choice finished: "stop" or "length"
     finished: bool  # every choice of the request has finished
     stop_hit: bool = False  # a stop string (not the scheduler) ended the choice
+    text_offset: int = 0  # where this token's text starts in the choice's output
 
 
 @dataclass
 class ChoiceState:
-    ids: list[int] = field(default_factory=list)  # output token ids so far
+    ids: list[int] = field(default_factory=list)  # output token ids decoded to text
+    tokens: int = 0  # output tokens received, an end token (whose text is not shown) too
+    sent: int = 0  # characters of output text sent so far
     prefix_offset: int = 0  # ids[prefix_offset:read_offset] is already-decoded context
     read_offset: int = 0  # ids before this have been turned into text
     text: str = ""  # decoded text not yet sent (only kept while stop strings may match)
@@ -111,7 +114,11 @@ class DetokenizeManager:
             choice = state.choices[msg.index]
             if choice.finish_reason is not None:
                 continue  # stopped by a stop string; the scheduler had not heard yet
-            choice.ids.append(msg.next_token)
+            choice.tokens += 1
+            # an end token (EOS or a stop_token_id: finish_reason "stop" from the scheduler)
+            # ends the text; like a stop string, it is not part of it
+            if msg.finish_reason != "stop":
+                choice.ids.append(msg.next_token)
             live.append((i, state, choice, msg))
         before = self._decode([c.ids[c.prefix_offset : c.read_offset] for _, _, c, _ in live])
         after = self._decode([c.ids[c.prefix_offset :] for _, _, c, _ in live])
@@ -126,19 +133,21 @@ class DetokenizeManager:
             else:
                 delta = ""
             text, stop_hit = self._apply_stop(state, choice, delta, last)
-            text, choice.echo = choice.echo + text, ""
+            echo, choice.echo = choice.echo, ""  # the prompt goes out ahead of the first text
             if stop_hit:
                 choice.finish_reason = "stop"
             elif last:
                 choice.finish_reason = msg.finish_reason
             out[i] = Decoded(
-                text,
+                echo + text,
                 state.prompt_tokens,
-                len(choice.ids),
+                choice.tokens,
                 choice.finish_reason,
                 state.done,
                 stop_hit,
+                text_offset=choice.sent + len(echo),
             )
+            choice.sent += len(echo) + len(text)
             if state.done:
                 self.remove(msg.uid)
 
@@ -151,7 +160,7 @@ class DetokenizeManager:
         if not state.stop:
             return delta, False
         text = choice.text + delta
-        if len(choice.ids) >= state.min_tokens:
+        if choice.tokens >= state.min_tokens:
             hits = [p for p in (text.find(s) for s in state.stop) if p >= 0]
             if hits:  # trimmed: the stop string and all after it never reach the client
                 choice.text = ""

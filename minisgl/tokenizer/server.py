@@ -44,7 +44,7 @@ from minisgl.message import (
 )
 
 from .detokenize import DetokenizeManager
-from .tokenize import build_prompt_ids, load_tokenizer
+from .tokenize import build_prompt_ids, load_tokenizer, token_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -153,15 +153,22 @@ class TokenizerWorker:
         ]
         if not wanted:
             return infos
-        batch = []
+        ids: list[int] = []
         for i in wanted:  # the sampled token, then its alternatives
-            batch.append([run[i].next_token])
-            batch += [[token] for token, _ in run[i].logprob.top]
-        texts = iter(self.tokenizer.batch_decode(batch, skip_special_tokens=False))
+            ids.append(run[i].next_token)
+            ids += [token for token, _ in run[i].logprob.top]
+        texts = iter(self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False))
+        raws = iter(token_bytes(self.tokenizer, ids))
         for i in wanted:
-            lp = run[i].logprob
-            token = next(texts)
-            infos[i] = [TokenInfo(token, lp.logprob, [(next(texts), v) for _, v in lp.top])]
+            lp, decoded = run[i].logprob, decoded_run[i]
+            token, raw = next(texts), next(raws)
+            top = [(next(texts), next(raws), value) for _, value in lp.top]
+            # the token's own text ends this reply's text, after any held-back text of
+            # earlier tokens; a token still held back starts where the output is now
+            offset = decoded.text_offset
+            if token and decoded.text.endswith(token):
+                offset += len(decoded.text) - len(token)
+            infos[i] = [TokenInfo(token, raw, lp.logprob, offset, top)]
         return infos
 
     def _error(self, msg: BackendErrorMsg) -> list[FrontendMsg]:
@@ -170,7 +177,7 @@ class TokenizerWorker:
             return []  # already aborted: the API server has forgotten this uid
         self.detokenize_manager.remove(msg.uid)
         error = ErrorInfo(msg.message, msg.status, msg.code, msg.param)
-        generated = sum(len(c.ids) for c in state.choices)
+        generated = sum(c.tokens for c in state.choices)
         return [
             UserReply(
                 msg.uid,

@@ -9,6 +9,7 @@ template with the generation prompt appended; plain text is encoded as is.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -46,3 +47,34 @@ def build_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     if not prompt:
         return []
     raise TypeError("a prompt is a string, a list of token ids or a list of chat messages")
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """Byte-level BPE's alphabet (GPT-2 and its descendants): every byte is one printable
+    character; printable Latin-1 bytes stand for themselves, the rest are shifted past 255."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    mapping = {b: chr(b) for b in printable}
+    shifted = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+_UNICODE_TO_BYTE = {c: b for b, c in _bytes_to_unicode().items()}
+_BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(tokenizer, ids: list[int]) -> list[bytes]:
+    """The exact bytes each token stands for (a token may hold part of a character)."""
+    out = []
+    for piece in tokenizer.convert_ids_to_tokens(ids):
+        piece = piece or ""
+        if (m := _BYTE_FALLBACK.fullmatch(piece)) is not None:  # SentencePiece byte fallback
+            out.append(bytes([int(m[1], 16)]))
+        elif all(c in _UNICODE_TO_BYTE for c in piece):  # byte-level BPE
+            out.append(bytes(_UNICODE_TO_BYTE[c] for c in piece))
+        else:  # SentencePiece word pieces: "▁" is a space
+            out.append(piece.replace("\u2581", " ").encode())
+    return out

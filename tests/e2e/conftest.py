@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from e2e_helpers import TOKEN_CHARS
+from e2e_helpers import TOKEN_CHARS, start_server
 from tiny import CHAT_TEMPLATE, EOS_ID, VOCAB
 
 LONG_CONTEXT = 4096
@@ -61,3 +61,13 @@ def long_token_dir(tiny_dirs, tmp_path_factory) -> Path:
     out = _with_long_context(tiny_dirs["llama"], tmp_path_factory.mktemp("e2e") / "long-token")
     _long_token_tokenizer(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def protocol_server(long_context_dir):
+    """One server for the OpenAI-protocol tests (test_protocol_*.py): the tiny Llama with
+    a 2048-token context (a long generation stays in flight for seconds) and 4-token KV
+    pages (page sharing between the n choices of a request is visible in page counts)."""
+    s = start_server(long_context_dir, "--max-seq-len", "2048", "--page-size", "4")
+    yield s
+    s.stop()

@@ -28,7 +28,7 @@ def test_deltas_concatenate_to_the_text_and_never_hold_a_broken_character(tokeni
     detok.add(7)
     deltas = []
     for i, token in enumerate(ids):
-        finish = "stop" if i == len(ids) - 1 else None
+        finish = "length" if i == len(ids) - 1 else None
         (decoded,) = detok.feed([DetokenizeMsg(7, token, finish)])
         delta = decoded.text
         assert "\ufffd" not in delta and decoded.completion_tokens == i + 1
@@ -57,9 +57,9 @@ def test_interleaved_requests_keep_their_own_text(tokenizer):
     for i in range(max(len(a), len(b))):
         msgs = []
         if i < len(a):
-            msgs.append(DetokenizeMsg(1, a[i], "stop" if i == len(a) - 1 else None))
+            msgs.append(DetokenizeMsg(1, a[i], "length" if i == len(a) - 1 else None))
         if i < len(b):
-            msgs.append(DetokenizeMsg(2, b[i], "stop" if i == len(b) - 1 else None))
+            msgs.append(DetokenizeMsg(2, b[i], "length" if i == len(b) - 1 else None))
         for msg, decoded in zip(msgs, detok.feed(msgs)):
             out[msg.uid] += decoded.text
     assert out == {1: TEXTS[0], 2: TEXTS[1]}
@@ -88,8 +88,20 @@ def test_several_steps_of_one_uid_in_one_batch_decode_in_order(tokenizer):
     ids = tokenizer.encode(text, add_special_tokens=False)
     detok = DetokenizeManager(tokenizer)
     detok.add(9, prompt_tokens=3)
-    msgs = [DetokenizeMsg(9, t, "stop" if i == len(ids) - 1 else None) for i, t in enumerate(ids)]
+    msgs = [DetokenizeMsg(9, t, "length" if i == len(ids) - 1 else None) for i, t in enumerate(ids)]
     decoded = detok.feed(msgs)  # a worker that fell behind: every step in one batch
     assert "".join(d.text for d in decoded) == text
     assert [d.completion_tokens for d in decoded] == list(range(1, len(ids) + 1))
     assert {d.prompt_tokens for d in decoded} == {3}
+
+
+def test_an_end_token_counts_but_its_text_is_not_output(tokenizer):
+    """finish_reason "stop" from the scheduler means the last token is an end token (EOS or
+    a stop_token_id): like a stop string, its text is not part of the output."""
+    ids = tokenizer.encode("plain ascii", add_special_tokens=False)
+    detok = DetokenizeManager(tokenizer)
+    detok.add(10)
+    *head, end = ids
+    decoded = detok.feed([DetokenizeMsg(10, t) for t in head] + [DetokenizeMsg(10, end, "stop")])
+    assert "".join(d.text for d in decoded) == tokenizer.decode(head)
+    assert decoded[-1].completion_tokens == len(ids) and decoded[-1].finish_reason == "stop"

@@ -225,7 +225,7 @@ def test_detokenize_sends_incremental_text_with_running_counts_and_finish(tokeni
     rec.clear()
 
     for i, token in enumerate(out):
-        finish = "stop" if i == len(out) - 1 else None
+        finish = "length" if i == len(out) - 1 else None
         worker.handle([DetokenizeMsg(11, token, finish)])
         (reply,) = rec.frontend_calls[-1]
         assert isinstance(reply, UserReply) and reply.uid == 11
@@ -393,7 +393,7 @@ def test_a_mixed_batch_is_handled_in_order(tokenizer) -> None:
             DetokenizeMsg(1, b),  # after its TokenizeMsg: has state, gets a reply
             AbortMsg(1),
             DetokenizeMsg(1, c),  # after the abort: dropped
-            DetokenizeMsg(2, c, "stop"),
+            DetokenizeMsg(2, c, "length"),
         ]
     )
     assert [type(m) for m in rec.backend] == [UserMsg, AbortBackendMsg]
@@ -427,7 +427,7 @@ def test_several_steps_of_one_uid_in_one_batch_each_count_and_no_text_repeats(
     text = "The capital of France"
     out = _ascii_tokens(tokenizer, text)
     worker.handle(
-        [DetokenizeMsg(50, t, "stop" if i == len(out) - 1 else None) for i, t in enumerate(out)]
+        [DetokenizeMsg(50, t, "length" if i == len(out) - 1 else None) for i, t in enumerate(out)]
     )
     replies = rec.frontend
     assert [r.completion_tokens for r in replies] == list(range(1, len(out) + 1))
@@ -459,9 +459,9 @@ def test_chinese_and_emoji_split_across_tokens_arrive_whole(tokenizer, per_step)
     for i in range(max(len(ids), len(other))):
         step = []
         if i < len(ids):
-            step.append(DetokenizeMsg(60, ids[i], "stop" if i == len(ids) - 1 else None))
+            step.append(DetokenizeMsg(60, ids[i], "length" if i == len(ids) - 1 else None))
         if i < len(other):
-            step.append(DetokenizeMsg(61, other[i], "stop" if i == len(other) - 1 else None))
+            step.append(DetokenizeMsg(61, other[i], "length" if i == len(other) - 1 else None))
         steps.append(step)
     for k in range(0, len(steps), per_step):
         worker.handle([m for step in steps[k : k + per_step] for m in step])
