@@ -6,8 +6,13 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Without a GPU, Triton kernels run in Triton's interpreter (numpy on the CPU). This must be
+# set before any kernel is defined, so here, before anything imports them.
+if not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py and friends
 

@@ -36,6 +36,8 @@ class ForwardInfo:
 
 
 class AttentionBackend(ABC):
+    graphable = False  # whether decode steps can be captured as CUDA graphs
+
     def __init__(self, pool: KVCachePool, num_heads: int, head_dim: int) -> None:
         self.pool = pool
         self.num_heads = num_heads

@@ -26,6 +26,7 @@ class EngineConfig:
     max_running_requests: int = 256
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
+    cuda_graph: bool = True  # replay decode steps from CUDA graphs (CUDA + triton only)
     seed: int = 0  # seed of --dummy-weights
 
     def resolve_device(self) -> torch.device:

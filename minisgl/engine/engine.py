@@ -72,6 +72,13 @@ class Engine:
             self.device,
         )
         self.sampler = Sampler(self.model_config.vocab_size, self.device)
+        self.graph_runner = None
+        if self.attn_backend.graphable:
+            from .graph import BUCKETS, DecodeGraphRunner
+
+            capture = self.device.type == "cuda" and config.cuda_graph
+            max_bs = min(config.max_running_requests, BUCKETS[-1])
+            self.graph_runner = DecodeGraphRunner(self, max_bs, capture)
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, max_seq_len %d",
             self.model_dir.name,
@@ -149,6 +156,8 @@ class Engine:
     @torch.inference_mode()
     def logits(self, batch: Batch) -> torch.Tensor:
         """Run the step; (B_s, vocab) float32 logits of the requests that sample."""
+        if self.graph_runner is not None and self.graph_runner.can_run(batch):
+            return self.graph_runner.run(batch)
         input_ids, info, last_tok = self._forward_info(batch)
         meta = self.attn_backend.prepare(info)
         ctx = _StepContext(self.attn_backend, meta)

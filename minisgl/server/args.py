@@ -27,6 +27,7 @@ class ServerArgs:
     num_pages: int | None = None
     max_prefill_tokens: int = 8192
     attention_backend: str = "auto"
+    cuda_graph: bool = True
     api_key: str | None = None
     max_concurrent_requests: int = 1024
     max_pending_bytes: int = 1 << 20  # 1 MiB of unread output per request
@@ -68,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton"]
+    )
+    p.add_argument(
+        "--disable-cuda-graph",
+        dest="cuda_graph",
+        action="store_false",
+        help="run decode steps eagerly instead of replaying CUDA graphs",
     )
     p.add_argument(
         "--api-key",

@@ -1,0 +1,110 @@
+"""The Triton backend against the torch backend on random paged inputs.
+
+On a CPU the kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by conftest.py)
+at small shapes; on CUDA (tests marked gpu) at Qwen3-0.6B's shapes in bf16, measured by
+relative error against a float32 reference.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from minisgl.attention.base import ForwardInfo  # noqa: E402
+from minisgl.attention.torch_backend import TorchBackend  # noqa: E402
+from minisgl.attention.triton_backend import TritonBackend, num_splits_for  # noqa: E402
+from minisgl.kvcache import KVCachePool  # noqa: E402
+
+
+def _layout(reqs, page_size, num_pages, seed):
+    """Pages for each (cached, extend) request, scattered over the pool; the step's info."""
+    rng = random.Random(seed)
+    free = list(range(num_pages))
+    rng.shuffle(free)
+    max_pages = max(-(-(c + e) // page_size) for c, e in reqs)
+    table = torch.full((len(reqs), max_pages), num_pages, dtype=torch.int32)
+    for i, (c, e) in enumerate(reqs):
+        for j in range(-(-(c + e) // page_size)):
+            table[i, j] = free.pop()
+    ext = torch.tensor([e for _, e in reqs])
+    cached = torch.tensor([c for c, _ in reqs])
+    req_of_tok = torch.repeat_interleave(torch.arange(len(reqs)), ext)
+    first = torch.cumsum(ext, 0) - ext
+    pos = cached[req_of_tok] + torch.arange(int(ext.sum())) - first[req_of_tok]
+    slots = table[req_of_tok, pos // page_size].long() * page_size + pos % page_size
+    return ForwardInfo(
+        pos, slots, table, (cached + ext).int(), ext.tolist(), cached.tolist()
+    ), first
+
+
+def _pools(H, Hkv, D, ps, num_pages, dtype, device, seed):
+    torch.manual_seed(seed)
+    ref = KVCachePool(1, num_pages, ps, Hkv, D, dtype, device)
+    ref.k.normal_()
+    ref.v.normal_()
+    ours = KVCachePool(1, num_pages, ps, Hkv, D, dtype, device)
+    ours.k.copy_(ref.k)
+    ours.v.copy_(ref.v)
+    return ref, ours
+
+
+CONFIGS = [(4, 2, 32, 4), (6, 2, 64, 16), (4, 4, 16, 1)]  # (H, Hkv, D, page_size)
+
+
+@pytest.mark.parametrize(("H", "Hkv", "D", "ps"), CONFIGS)
+@pytest.mark.parametrize("phase", ["mixed", "decode"])
+def test_triton_matches_torch_on_random_paged_inputs(H, Hkv, D, ps, phase) -> None:
+    if phase == "mixed":  # prefills with and without a cached prefix, and single tokens
+        reqs = [(0, 9), (5, 1), (13, 6), (3, 1), (0, 1), (2, 40)]
+    else:  # every request adds one token: the split-KV decode kernel
+        reqs = [(0, 1), (7, 1), (33, 1), (90, 1), (16, 1)]
+    num_pages = 256 // ps + 8
+    ref_pool, pool = _pools(H, Hkv, D, ps, num_pages, torch.float32, torch.device("cpu"), 0)
+    info, _ = _layout(reqs, ps, num_pages, seed=1)
+    T = len(info.positions)
+    q, k, v = torch.randn(T, H, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
+
+    torch_backend, triton_backend = TorchBackend(ref_pool, H, D), TritonBackend(pool, H, D)
+    expected = torch_backend.attention(0, q, k, v, torch_backend.prepare(info))
+    got = triton_backend.attention(0, q, k, v, triton_backend.prepare(info))
+
+    assert torch.equal(pool.k, ref_pool.k) and torch.equal(pool.v, ref_pool.v)  # the KV write
+    assert (got - expected).abs().max().item() < 1e-4
+
+
+def test_split_count_fills_the_gpu_but_never_splits_short_sequences() -> None:
+    assert num_splits_for(1, 8, 40960, 132) == 16  # one request: as many splits as allowed
+    assert num_splits_for(256, 8, 40960, 132) == 1  # a full batch fills the GPU by itself
+    assert num_splits_for(1, 8, 300, 132) == 2  # 300 tokens: at most two 256-token splits
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("phase", ["mixed", "decode"])
+def test_triton_bf16_at_qwen3_shapes_is_close_to_float32(phase) -> None:
+    H, Hkv, D, ps = 16, 8, 128, 16
+    if phase == "mixed":
+        reqs = [(0, 900), (300, 1), (1000, 200), (0, 1), (2000, 64)]
+    else:
+        reqs = [(n, 1) for n in (0, 17, 511, 1023, 4095, 2047, 64, 3000)]
+    num_pages = 8192 // ps * 2
+    device = torch.device("cuda")
+    ref_pool, pool = _pools(H, Hkv, D, ps, num_pages, torch.float32, device, 0)
+    pool.k, pool.v = pool.k.bfloat16(), pool.v.bfloat16()
+    info, _ = _layout(reqs, ps, num_pages, seed=1)
+    info = ForwardInfo(
+        info.positions.to(device), info.out_slots.to(device), info.block_table.to(device),
+        info.seq_lens.to(device), info.extend_lens_cpu, info.cached_lens_cpu,
+    )  # fmt: skip
+    T = len(info.positions)
+    q, k, v = (torch.randn(T, h, D, device=device) for h in (H, Hkv, Hkv))
+    torch_backend, triton_backend = TorchBackend(ref_pool, H, D), TritonBackend(pool, H, D)
+    expected = torch_backend.attention(0, q, k, v, torch_backend.prepare(info))
+    got = triton_backend.attention(
+        0, q.bfloat16(), k.bfloat16(), v.bfloat16(), triton_backend.prepare(info)
+    ).float()
+    rel = (got - expected).norm() / expected.norm()
+    assert rel < 2e-2, f"relative error {rel:.4f}"
