@@ -19,11 +19,14 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import random
 import sys
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,7 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
 from minisgl import LLM, SamplingParams  # noqa: E402
-from minisgl.models import ModelConfig  # noqa: E402
+
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
 CPU_BASELINE_BATCH = 16  # see auto_batch_size
@@ -44,7 +49,9 @@ class Result:
     input_tokens: int
     output_tokens: int  # tokens the requests asked for and got (the useful output)
     seconds: float
-    generated_tokens: int  # all tokens produced, including those a batch made past a request's max_tokens
+    # every token produced, also those a static batch made past a request's max_tokens
+    generated_tokens: int
+    others_cpu: float | None = None  # share of the machine's CPU other processes used meanwhile
 
     @property
     def tok_per_s(self) -> float:
@@ -72,16 +79,47 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class CpuMeter:
+    """How much CPU other processes took while we ran (Linux): on a shared machine a busy
+    neighbour slows both engines, and a figure measured beside one is not comparable."""
+
+    def __init__(self) -> None:
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [float(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        hz = os.sysconf("SC_CLK_TCK")
+        busy = sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait
+        own = sum(os.times()[:4])
+        return busy / hz, own, time.monotonic()
+
+    def others_share(self) -> float | None:
+        end = self._sample()
+        if self.start is None or end is None:
+            return None
+        (b0, o0, t0), (b1, o1, t1) = self.start, end
+        others = max(0.0, (b1 - b0) - (o1 - o0))
+        return others / ((t1 - t0) * (os.cpu_count() or 1))
+
+
 # ---------------------------------------------------------------------------- our engine
 def run_minisgl(llm: LLM, prompts: list[list[int]], max_tokens: list[int]):
     device = llm.engine.device
     sync(device)
-    start = time.perf_counter()
+    meter, start = CpuMeter(), time.perf_counter()
     outputs = llm.generate(prompts, greedy_params(max_tokens))
     sync(device)
     seconds = time.perf_counter() - start
     produced = sum(len(o.token_ids) for o in outputs)
-    result = Result("minisgl", len(prompts), sum(map(len, prompts)), produced, seconds, produced)
+    result = Result(
+        "minisgl", len(prompts), sum(map(len, prompts)), produced, seconds,
+        generated_tokens=produced, others_cpu=meter.others_share(),
+    )  # fmt: skip
     return result, [o.token_ids for o in outputs], outputs
 
 
@@ -101,7 +139,10 @@ def hf_state_dict(llm: LLM) -> dict[str, torch.Tensor]:
     The tensors are views of the engine's weights (no copy)."""
     cfg = llm.engine.model_config
     fused = {
-        ".qkv_proj.": ([".q_proj.", ".k_proj.", ".v_proj."], [cfg.q_size, cfg.kv_size, cfg.kv_size]),
+        ".qkv_proj.": (
+            [".q_proj.", ".k_proj.", ".v_proj."],
+            [cfg.q_size, cfg.kv_size, cfg.kv_size],
+        ),
         ".gate_up_proj.": ([".gate_proj.", ".up_proj."], [cfg.intermediate_size] * 2),
     }
     out: dict[str, torch.Tensor] = {}
@@ -137,8 +178,9 @@ def build_hf_model(model_dir: Path, weights: dict[str, torch.Tensor], dtype, dev
 def auto_batch_size(cfg: ModelConfig, prompts, max_tokens, dtype, device) -> int:
     """All requests in one batch where memory allows. On a GPU that is transformers' best
     case (one decode loop, host overhead paid once per step); the cap keeps the padded KV
-    cache and the prefill activations under 70% of free memory. On a CPU the matmuls are
-    already compute-bound at a few rows, so bigger batches only add padding waste: 16."""
+    cache and the prefill activations under 70% of free memory. On a CPU: 16, a middle
+    ground between matmul efficiency and padding waste (every row of a static batch runs
+    as many steps as the batch's longest request); --baseline-batch-size tries others."""
     n = len(prompts)
     prompt_len, new = max(map(len, prompts)), max(max_tokens)
     elem = dtype.itemsize
@@ -150,9 +192,18 @@ def auto_batch_size(cfg: ModelConfig, prompts, max_tokens, dtype, device) -> int
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return max(1, min(n, int(0.7 * free) // per_request))
-    from minisgl.engine.engine import _available_ram
+    return max(1, min(n, CPU_BASELINE_BATCH, int(0.5 * available_ram()) // per_request))
 
-    return max(1, min(n, CPU_BASELINE_BATCH, int(0.5 * _available_ram()) // per_request))
+
+def available_ram() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def run_transformers(model, prompts, max_tokens, batch_size: int, device):
@@ -166,7 +217,7 @@ def run_transformers(model, prompts, max_tokens, batch_size: int, device):
     outputs: list[list[int]] = [[] for _ in prompts]
     generated = 0
     sync(device)
-    start = time.perf_counter()
+    meter, start = CpuMeter(), time.perf_counter()
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
         width = max(len(prompts[i]) for i in idx)
@@ -178,8 +229,10 @@ def run_transformers(model, prompts, max_tokens, batch_size: int, device):
         new = max(max_tokens[i] for i in idx)
         with torch.inference_mode():
             seqs = model.generate(
-                input_ids=ids.to(device), attention_mask=mask.to(device),
-                max_new_tokens=new, do_sample=False,
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=new,
+                do_sample=False,
             )
         seqs = seqs[:, width:].tolist()  # the .tolist() syncs: the batch is done
         for row, i in enumerate(idx):
@@ -188,8 +241,22 @@ def run_transformers(model, prompts, max_tokens, batch_size: int, device):
     sync(device)
     seconds = time.perf_counter() - start
     useful = sum(map(len, outputs))
-    result = Result("transformers", len(prompts), sum(map(len, prompts)), useful, seconds, generated)
+    result = Result(
+        "transformers", len(prompts), sum(map(len, prompts)), useful, seconds,
+        generated_tokens=generated, others_cpu=meter.others_share(),
+    )  # fmt: skip
     return result, outputs
+
+
+def best_of(repeat: int, run):
+    """The fastest of `repeat` runs (as timeit does): noise from a shared machine only ever
+    adds time. Every run does the whole workload; the outputs are the same greedy tokens."""
+    best = None
+    for _ in range(repeat):
+        out = run()
+        if best is None or out[0].seconds < best[0].seconds:
+            best = out
+    return best
 
 
 # ---------------------------------------------------------------------------- report
@@ -212,14 +279,24 @@ def print_table(results: list[Result]) -> None:
             f"{r.engine:<13}{r.requests:>9}{r.input_tokens:>11}{r.output_tokens:>12}"
             f"{r.seconds:>10.2f}{r.tok_per_s:>14.1f}"
         )
+    for r in results:
+        if r.others_cpu is not None and r.others_cpu > 0.05:
+            print(
+                f"note: other processes used {r.others_cpu:.0%} of the CPUs during the {r.engine} "
+                "run; its figure is slowed by them"
+            )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
-    src.add_argument("--config", default=None, help="a config shipped in benchmarks/configs/ "
-                     "(e.g. qwen3-0.6b): a config-only folder, so random weights")
+    src.add_argument(
+        "--config",
+        default=None,
+        help="a config shipped in benchmarks/configs/ "
+        "(e.g. qwen3-0.6b): a config-only folder, so random weights",
+    )
     p.add_argument("--dummy-weights", action="store_true", help="random weights of the real shapes")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -230,16 +307,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-running-requests", type=int, default=256)
     p.add_argument("--max-prefill-tokens", type=int, default=8192)
     p.add_argument("--num-pages", type=int, default=None, help="KV pages (default: from memory)")
-    p.add_argument("--max-seq-len", type=int, default=None,
-                   help="engine context (default: 2 * --max-len, the longest request)")
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="engine context (default: 2 * --max-len, the longest request)",
+    )
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="time each engine this many times and keep its fastest run (noisy machines)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--baseline", default="transformers", choices=["transformers", "none"])
-    p.add_argument("--baseline-batch-size", type=int, default=None,
-                   help="transformers batch (default: all requests where memory allows; 16 on CPU)")
-    p.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
-                   help="a short untimed run of a few requests first (default on)")
-    p.add_argument("--check", type=int, nargs="?", const=4, default=0, metavar="N",
-                   help="compare greedy tokens with transformers' for the first N (4) requests; float32 only")
+    p.add_argument(
+        "--baseline-batch-size",
+        type=int,
+        default=None,
+        help="transformers batch (default: all requests where memory allows; 16 on CPU)",
+    )
+    p.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a short untimed run of a few requests first (default on)",
+    )
+    p.add_argument(
+        "--check",
+        type=int,
+        nargs="?",
+        const=4,
+        default=0,
+        metavar="N",
+        help="compare greedy tokens with transformers' for the first N (4) requests; float32 only",
+    )
     p.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = p.parse_args(argv)
     if not 1 <= args.min_len <= args.max_len:
@@ -253,33 +356,87 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    prompts, max_tokens = make_workload(args.num_seqs, args.min_len, args.max_len)
-
+def build_llm(args: argparse.Namespace) -> LLM:
     llm = LLM(
         model=args.model, device=args.device, dtype=args.dtype,
         dummy_weights=args.dummy_weights, page_size=args.page_size,
         max_running_requests=args.max_running_requests, num_pages=args.num_pages,
         max_seq_len=args.max_seq_len or 2 * args.max_len,
         attention_backend=args.attention_backend, max_prefill_tokens=args.max_prefill_tokens,
-    )
-    engine = llm.engine
-    device, dtype, model_dir, cfg = engine.device, engine.dtype, engine.model_dir, engine.model_config
+    )  # fmt: skip
+    e = llm.engine
     print(
-        f"model {model_dir.name} ({'random' if args.dummy_weights else 'real'} weights) on "
-        f"{device}, {str(dtype).removeprefix('torch.')}, attention {type(engine.attn_backend).__name__}, "
-        f"{engine.num_pages} KV pages of {engine.page_size}; {len(prompts)} requests, "
-        f"lengths {args.min_len}..{args.max_len}"
+        f"model {e.model_dir.name} ({'random' if args.dummy_weights else 'real'} weights) on "
+        f"{e.device}, {str(e.dtype).removeprefix('torch.')}, "
+        f"attention {type(e.attn_backend).__name__}, {e.num_pages} KV pages of {e.page_size}; "
+        f"{args.num_seqs} requests, lengths {args.min_len}..{args.max_len}"
     )
+    return llm
+
+
+def run_baseline(args, hf, cfg, prompts, max_tokens, warm, device):
+    """transformers on the whole workload, or (`--baseline none`) on the checked requests only,
+    one at a time. Returns (result or None, its tokens, batch size or None)."""
+    if args.baseline == "none":
+        k = args.check
+        _, tokens = run_transformers(hf, prompts[:k], max_tokens[:k], 1, device)
+        return None, tokens, None
+    batch = args.baseline_batch_size or auto_batch_size(cfg, prompts, max_tokens, hf.dtype, device)
+    print(f"transformers: batches of {batch}, grouped by max_tokens")
+    if args.warmup:
+        run_transformers(hf, *warm, len(warm[0]), device)
+    run = partial(run_transformers, hf, prompts, max_tokens, batch, device)
+    result, tokens = best_of(args.repeat, run)
+    return result, tokens, batch
+
+
+def report(results: list[Result], check: dict | None, failures: list[str], n: int) -> None:
+    print()
+    print_table(results)
+    if len(results) == 2:
+        ours, theirs = results
+        waste = theirs.generated_tokens - theirs.output_tokens
+        print(
+            f"\nminisgl / transformers: {ours.tok_per_s / theirs.tok_per_s:.2f}x   (transformers "
+            f"generated {theirs.generated_tokens} tokens; {waste} past a request's max_tokens "
+            "are not counted)"
+        )
+    if check is not None:
+        diffs = ", ".join(f"#{i} at token {t}" for i, t in check["first_diff"].items())
+        print(
+            f"check: {check['exact']}/{check['requests']} requests match transformers' greedy "
+            f"tokens exactly" + (f"; diverged: {diffs}" if diffs else "")
+        )
+    if failures:
+        print(f"SANITY FAILED: {len(failures)} request(s) did not get exactly max_tokens tokens:")
+        print("\n".join("  " + f for f in failures[:10]))
+    else:
+        print(f"sanity: all {n} requests produced exactly max_tokens tokens")
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    prompts, max_tokens = make_workload(args.num_seqs, args.min_len, args.max_len)
     # warm-up requests come from their own generator: the workload stays nano-vllm's
     rng = random.Random(1)
-    warm_prompts = [[rng.randint(0, 10000) for _ in range(args.min_len)] for _ in range(4)]
-    warm_tokens = [min(8, args.max_len)] * 4
+    warm = (
+        [[rng.randint(0, 10000) for _ in range(args.min_len)] for _ in range(4)],
+        [min(8, args.max_len)] * 4,
+    )
 
+    llm = build_llm(args)
+    engine = llm.engine
+    device, dtype, model_dir, cfg = (
+        engine.device,
+        engine.dtype,
+        engine.model_dir,
+        engine.model_config,
+    )
     if args.warmup:
-        llm.generate(warm_prompts, greedy_params(warm_tokens))
-    ours, our_tokens, outputs = run_minisgl(llm, prompts, max_tokens)
+        llm.generate(warm[0], greedy_params(warm[1]))
+    ours, our_tokens, outputs = best_of(args.repeat, partial(run_minisgl, llm, prompts, max_tokens))
     failures = sanity_failures(outputs, max_tokens)
 
     # Free our KV pool before transformers allocates its cache; keep only the weights.
@@ -289,58 +446,32 @@ def main(argv=None) -> int:
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
-    results, check = [ours], None
+    results, check, batch = [ours], None, None
     want_check = args.check > 0 and dtype == torch.float32
     if args.check > 0 and not want_check:
         print(f"--check skipped: greedy tokens are compared in float32 only (this run: {dtype})")
-    baseline_batch = None
     if args.baseline == "transformers" or want_check:
         hf = build_hf_model(model_dir, weights, dtype, device)
         del weights
-        if args.baseline == "transformers":
-            baseline_batch = args.baseline_batch_size or auto_batch_size(
-                cfg, prompts, max_tokens, dtype, device
-            )
-            print(f"transformers: batches of {baseline_batch}, grouped by max_tokens")
-            if args.warmup:
-                run_transformers(hf, warm_prompts, warm_tokens, 4, device)
-            theirs, their_tokens = run_transformers(hf, prompts, max_tokens, baseline_batch, device)
+        theirs, their_tokens, batch = run_baseline(args, hf, cfg, prompts, max_tokens, warm, device)
+        if theirs is not None:
             results.append(theirs)
-        else:  # the check alone: one request at a time, no padding
-            k = args.check
-            _, their_tokens = run_transformers(hf, prompts[:k], max_tokens[:k], 1, device)
         if want_check:
             k = min(args.check, len(prompts))
             check = compare(our_tokens[:k], their_tokens[:k])
-
-    print()
-    print_table(results)
-    ratio = None
-    if len(results) == 2:
-        theirs = results[1]
-        ratio = ours.tok_per_s / theirs.tok_per_s
-        waste = theirs.generated_tokens - theirs.output_tokens
-        print(
-            f"\nminisgl / transformers: {ratio:.2f}x   (transformers generated {theirs.generated_tokens} "
-            f"tokens; {waste} past a request's max_tokens are not counted)"
-        )
-    if check is not None:
-        diffs = ", ".join(f"#{i} at token {t}" for i, t in check["first_diff"].items())
-        print(f"check: {check['exact']}/{check['requests']} requests match transformers' greedy "
-              f"tokens exactly" + (f"; diverged: {diffs}" if diffs else ""))
-    if failures:
-        print(f"SANITY FAILED: {len(failures)} request(s) did not get exactly max_tokens tokens:")
-        print("\n".join("  " + f for f in failures[:10]))
-    else:
-        print(f"sanity: all {len(prompts)} requests produced exactly max_tokens tokens")
+    report(results, check, failures, len(prompts))
 
     if args.json:
         record = {
             "args": vars(args),
-            "model": model_dir.name, "device": str(device), "dtype": str(dtype),
-            "baseline_batch_size": baseline_batch,
+            "model": model_dir.name,
+            "device": str(device),
+            "dtype": str(dtype),
+            "baseline_batch_size": batch,
             "results": [asdict(r) | {"tok_per_s": r.tok_per_s} for r in results],
-            "ratio": ratio, "check": check, "sanity_failures": failures,
+            "ratio": results[0].tok_per_s / results[1].tok_per_s if len(results) == 2 else None,
+            "check": check,
+            "sanity_failures": failures,
         }
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return 1 if failures else 0
