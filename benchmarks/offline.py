@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
 
 from minisgl import LLM, SamplingParams  # noqa: E402
+from minisgl.utils.process import available_ram  # noqa: E402
 
 if TYPE_CHECKING:
     from minisgl.models.config import ModelConfig
@@ -193,17 +194,6 @@ def auto_batch_size(cfg: ModelConfig, prompts, max_tokens, dtype, device) -> int
         free, _ = torch.cuda.mem_get_info(device)
         return max(1, min(n, int(0.7 * free) // per_request))
     return max(1, min(n, CPU_BASELINE_BATCH, int(0.5 * available_ram()) // per_request))
-
-
-def available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def run_transformers(model, prompts, max_tokens, batch_size: int, device):

@@ -14,7 +14,7 @@ with the same two channel callables as `FrontendManager` (`send` takes a list of
   a consumer which breaks after `finished` (or is cancelled, or raises) never reaches; its
   lists are unbounded, and it never sends AbortMsg.
 
-`notebooks/naive.py` is a copy of this file (a quiz test checks that they match).
+The quiz (tests/quiz/) imports this same file.
 """
 
 from __future__ import annotations

@@ -10,7 +10,6 @@ every request that samples this step, in batch order.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
 from minisgl.models.source import resolve_model_dir
 from minisgl.models.weight import init_dummy_weights, iter_checkpoint
+from minisgl.utils.process import available_ram
 
 from .config import EngineConfig
 from .sample import Sampler
@@ -114,7 +114,7 @@ class Engine:
             needed = self.config.max_running_requests * (
                 self.config.max_seq_len or c.max_position_embeddings
             )
-            budget = min(int(_available_ram() * self.config.cpu_mem_fraction), needed * per_token)
+            budget = min(int(available_ram() * self.config.cpu_mem_fraction), needed * per_token)
         pages = budget // (per_token * self.config.page_size)
         if pages < 1:
             raise RuntimeError("not enough free memory for a single KV page")
@@ -193,14 +193,3 @@ class _StepContext:
 
     def attention(self, layer_id, q, k, v):
         return self.backend.attention(layer_id, q, k, v, self.meta)
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+# the deliberately broken, reference-style managers used for contrast live beside the
+# notebooks (notebooks/naive.py), which use them too; never in the minisgl package
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "notebooks"))
+
 QUESTIONS = {
     "q1": "a blocking call inside `async def` stalls every other connection",
     "q2": "where messages, max_tokens and stream go",

@@ -17,7 +17,6 @@ minisgl 的做法：请求的前台状态在 `async with frontend.request(...)` 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 from fakes import FakeBackend, listening, make_frontend, settle
@@ -143,9 +142,3 @@ async def test_ours_an_error_reply_ends_the_request_without_abort():
             outs = [out async for out in frontend.wait_for_ack(state)]
     assert len(outs) == 1 and outs[0].finished and outs[0].error == too_long
     assert frontend.states == {} and backend.aborts() == []  # the backend already let go
-
-
-def test_the_notebooks_copy_of_the_naive_managers_matches_this_one():
-    here = Path(__file__).parent
-    copy = here.parents[1] / "notebooks" / "naive.py"
-    assert copy.read_text() == (here / "naive.py").read_text()
