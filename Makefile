@@ -9,7 +9,7 @@ ARGS   ?=
 MERMAID_VERSION := 11.6.0
 MERMAID := chapters/assets/vendor/mermaid.min.js
 
-.PHONY: install run test docs browser lint clean
+.PHONY: install run test docs browser lint clean gpu-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,14 @@ test: install $(MERMAID) browser
 lint: install
 	$(BIN)/ruff check minisgl tests benchmarks notebooks
 	$(BIN)/ruff format --check minisgl tests benchmarks notebooks
+
+# wheels that a GPU machine without network lacks (Python 3.12, x86-64), for
+# benchmarks/gpu_check.sh; carried there in .whl/ (ignored by git)
+GPU_WHEELS := msgspec==0.23.0
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
 
 clean:
 	rm -rf $(VENV) site .pytest_cache chapters/assets/vendor

@@ -238,6 +238,39 @@ def run_transformers(model, prompts, max_tokens, batch_size: int, device):
     return result, outputs
 
 
+def run_transformers_cb(model, prompts, max_tokens, device):
+    """transformers' own continuous batching (its paged cache and scheduler): every request
+    is queued at once with its own max_new_tokens, end-of-sequence disabled, greedy."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=max(max_tokens), eos_token_id=None, pad_token_id=0
+    )
+    outputs: list[list[int]] = [[] for _ in prompts]
+    sync(device)
+    meter, start = CpuMeter(), time.perf_counter()
+    manager = model.init_continuous_batching(generation_config=config)
+    manager.start()
+    try:
+        for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
+            manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
+        for _ in prompts:
+            out = manager.get_result(timeout=3600)
+            if out is None:
+                raise RuntimeError("transformers' continuous batching returned no result")
+            outputs[int(out.request_id)] = list(out.generated_tokens)
+    finally:
+        manager.stop(block=True)
+    sync(device)
+    seconds = time.perf_counter() - start
+    useful = sum(map(len, outputs))
+    result = Result(
+        "transformers-cb", len(prompts), sum(map(len, prompts)), useful, seconds,
+        generated_tokens=useful, others_cpu=meter.others_share(),
+    )  # fmt: skip
+    return result, outputs
+
+
 def best_of(repeat: int, run):
     """The fastest of `repeat` runs (as timeit does): noise from a shared machine only ever
     adds time. Every run does the whole workload; the outputs are the same greedy tokens."""
@@ -311,7 +344,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="time each engine this many times and keep its fastest run (noisy machines)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--baseline", default="transformers", choices=["transformers", "none"])
+    p.add_argument(
+        "--baseline",
+        default="transformers",
+        choices=["transformers", "transformers-cb", "none"],
+        help="transformers: its batched generate (static batches); transformers-cb: its "
+        "continuous batching (generate_batch's manager); none: no baseline",
+    )
     p.add_argument(
         "--baseline-batch-size",
         type=int,
@@ -371,6 +410,13 @@ def run_baseline(args, hf, cfg, prompts, max_tokens, warm, device):
         k = args.check
         _, tokens = run_transformers(hf, prompts[:k], max_tokens[:k], 1, device)
         return None, tokens, None
+    if args.baseline == "transformers-cb":
+        print("transformers: continuous batching, every request queued at once")
+        if args.warmup:
+            run_transformers_cb(hf, *warm, device)
+        run = partial(run_transformers_cb, hf, prompts, max_tokens, device)
+        result, tokens = best_of(args.repeat, run)
+        return result, tokens, None
     batch = args.baseline_batch_size or auto_batch_size(cfg, prompts, max_tokens, hf.dtype, device)
     print(f"transformers: batches of {batch}, grouped by max_tokens")
     if args.warmup:
@@ -440,7 +486,7 @@ def main(argv=None) -> int:
     want_check = args.check > 0 and dtype == torch.float32
     if args.check > 0 and not want_check:
         print(f"--check skipped: greedy tokens are compared in float32 only (this run: {dtype})")
-    if args.baseline == "transformers" or want_check:
+    if args.baseline != "none" or want_check:
         hf = build_hf_model(model_dir, weights, dtype, device)
         del weights
         theirs, their_tokens, batch = run_baseline(args, hf, cfg, prompts, max_tokens, warm, device)

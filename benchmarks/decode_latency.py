@@ -1,0 +1,89 @@
+"""Batch-1 decode latency: one request with a 512-token prompt, time per output token.
+
+The first token (prefill) is excluded: the figure is (time of the last token - time of the
+first) / (tokens - 1), read from the offline API's stream as tokens are produced. On CUDA
+each token's time includes the host round trip, as a user sees it.
+
+    python benchmarks/decode_latency.py --config qwen3-0.6b --dummy-weights      # a GPU
+    python benchmarks/decode_latency.py --prompt-len 128 --output-len 32         # the CPU model
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minisgl import LLM, SamplingParams  # noqa: E402
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def measure(llm: LLM, prompt: list[int], output_len: int) -> tuple[float, float]:
+    """(seconds to the first token, seconds per later token) for one request."""
+    params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+    stamps: list[float] = []
+    start = time.perf_counter()
+    for _ in llm.stream([prompt], params):
+        stamps.append(time.perf_counter())
+    return stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
+    src.add_argument("--config", default=None, help="a config shipped in benchmarks/configs/")
+    p.add_argument("--dummy-weights", action="store_true")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--repeat", type=int, default=3, help="keep the fastest run")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    model = str(CONFIGS / args.config) if args.config else args.model
+    llm = LLM(
+        model,
+        device=args.device,
+        dummy_weights=args.dummy_weights,
+        attention_backend=args.attention_backend,
+        cuda_graph=args.cuda_graph,
+        max_running_requests=8,
+        max_seq_len=args.prompt_len + args.output_len + 16,
+    )
+    rng = random.Random(0)
+    prompt = [rng.randint(0, 10000) for _ in range(args.prompt_len)]
+    measure(llm, prompt, 8)  # warm-up: kernels compiled, caches primed
+    runs = [measure(llm, prompt, args.output_len) for _ in range(args.repeat)]
+    ttft, per_token = min(runs, key=lambda r: r[1])
+    e = llm.engine
+    print(
+        f"{e.model_dir.name} on {e.device} ({type(e.attn_backend).__name__}, "
+        f"CUDA graphs {'on' if e.graph_runner and e.graph_runner.graphs else 'off'}): "
+        f"prompt {args.prompt_len}, {args.output_len} tokens: first token {ttft * 1e3:.1f} ms, "
+        f"then {per_token * 1e3:.3f} ms per token"
+    )
+    if args.json:
+        record = {
+            "model": e.model_dir.name,
+            "device": str(e.device),
+            "attention_backend": type(e.attn_backend).__name__,
+            "prompt_len": args.prompt_len,
+            "output_len": args.output_len,
+            "ttft_ms": ttft * 1e3,
+            "ms_per_token": per_token * 1e3,
+        }
+        Path(args.json).write_text(json.dumps(record, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

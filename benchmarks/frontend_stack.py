@@ -1,0 +1,390 @@
+"""The processes of the frontend benchmark (benchmarks/frontend.py), one entry point each.
+
+- `serve_ours`: the real API server, `create_app` + `FrontendManager` under uvicorn, over
+  the real ZMQ channels of `IpcChannels`, built as `minisgl/server/launch.py` builds it.
+- `run_tokenizer`: the real tokenizer worker (`tokenize_worker`).
+- `standin_scheduler`: the scheduler's place on the channels, without a model.
+- `serve_bare`: a plain ASGI app under uvicorn sending the same SSE bytes.
+- `client_main`: the load generator (httpx async streaming), measuring on command.
+
+Every entry point takes the CPU set it is pinned to (None: not pinned).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+MODEL_NAME = "SmolLM2-135M-Instruct"
+WORD = " hello"  # one token in SmolLM2's tokenizer; what every stand-in token decodes to
+SSE_HEADERS = [  # what minisgl's StreamResponse sends
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def pin(cpus: set[int] | None) -> None:
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cpus)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process, all its threads (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (all cores, all processes)."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return float("nan")
+
+
+def uvicorn_config(app, port: int, loop: str, http: str):
+    import uvicorn
+
+    # the same settings for both servers; log level warning: no access-log line per request
+    return uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        loop=loop,
+        http=http,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        workers=1,
+    )
+
+
+# ============================================================================ bare server
+def bare_chunks(model: str, n: int, word: str) -> list[bytes]:
+    """The bodies of the `n` ASGI sends minisgl's StreamResponse makes for `n` tokens of
+    `word` delivered one per wake-up: the first chunk carries the role, the last send also
+    carries the finish chunk and [DONE]. Plain json, no minisgl code."""
+    cid = "chatcmpl-" + os.urandom(16).hex()
+    created = int(time.time())
+
+    def event(delta: dict, finish: str | None) -> bytes:
+        obj = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+    first = event({"role": "assistant", "content": word}, None)
+    middle = event({"content": word}, None)
+    end = event({}, "length") + b"data: [DONE]\n\n"
+    if n == 1:
+        return [first + end]
+    return [first] + [middle] * (n - 2) + [middle + end]
+
+
+def make_bare_app(model: str, word: str):
+    async def app(scope, receive, send):
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        body = b""
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":  # a cancelled client, at the end of a point
+                return
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if scope["path"] != "/v1/chat/completions":
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"application/json")],
+                }
+            )
+            await send({"type": "http.response.body", "body": b'{"status":"ok"}'})
+            return
+        n = json.loads(body)["max_tokens"]
+        rid = os.urandom(16).hex().encode()  # ours sends an x-request-id of this size
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [*SSE_HEADERS, (b"x-request-id", rid)],
+            }
+        )
+        chunks = bare_chunks(model, n, word)
+        for i, chunk in enumerate(chunks):
+            await send(
+                {"type": "http.response.body", "body": chunk, "more_body": i < len(chunks) - 1}
+            )
+
+    return app
+
+
+def serve_bare(port: int, loop: str, http: str, cpus) -> None:
+    import uvicorn
+
+    pin(cpus)
+    # a client that goes away mid-stream makes asyncio warn once per connection
+    logging.getLogger("asyncio").setLevel(logging.ERROR)
+    uvicorn.Server(uvicorn_config(make_bare_app(MODEL_NAME, WORD), port, loop, http)).run()
+
+
+# ============================================================================ ours
+def serve_ours(port: int, channels, loop: str, http: str, cpus, profile_out: str | None) -> None:
+    """With `profile_out`, SIGUSR1 starts cProfile and SIGUSR2 stops it and writes the
+    stats there."""
+    import uvicorn
+
+    from minisgl.message import FrontendMsg, TokenizerMsg
+    from minisgl.server.api_server import create_app
+    from minisgl.server.args import ServerArgs
+    from minisgl.server.frontend import FrontendManager
+    from minisgl.utils.zmq import AsyncPullQueue, PushQueue
+
+    pin(cpus)
+    logging.getLogger("asyncio").setLevel(logging.ERROR)  # as for bare
+    args = ServerArgs(port=port, log_level="warning")
+
+    def connect(metrics) -> FrontendManager:  # as launch.py
+        to_tokenizer = PushQueue(channels.tokenizer, TokenizerMsg)
+        inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
+        return FrontendManager(
+            to_tokenizer.put,
+            inbox.get,
+            max_pending_bytes=args.max_pending_bytes,
+            max_concurrent=args.max_concurrent_requests,
+            metrics=metrics,
+        )
+
+    if profile_out:
+        import cProfile
+
+        # CPU time of the serving thread: on a shared machine wall time would also count
+        # the time this process waited for a core
+        prof = cProfile.Profile(time.thread_time)
+        signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
+
+        def stop(*_):
+            prof.disable()
+            prof.dump_stats(profile_out)
+
+        signal.signal(signal.SIGUSR2, stop)
+    app = create_app(args, MODEL_NAME, connect)
+    uvicorn.Server(uvicorn_config(app, port, loop, http)).run()
+
+
+def run_tokenizer(args, model_dir, channels, ready, cpus) -> None:
+    from minisgl.tokenizer.server import tokenize_worker
+
+    pin(cpus)
+    tokenize_worker(args, model_dir, channels, ready)
+
+
+def standin_scheduler(channels, token_id: int, step_s, emitted, ready, cpus) -> None:
+    """Every running request gets one token per step; a step's tokens go out in one frame,
+    the way the real scheduler's `run_forever` sends them. `step_s` (a shared double) is
+    the least time per step, 0: as fast as it can; `emitted` (a shared counter) counts the
+    tokens sent."""
+    from minisgl.message import (
+        AbortBackendMsg,
+        BackendMsg,
+        DetokenizeMsg,
+        ExitMsg,
+        SchedulerStateMsg,
+        StateQueryMsg,
+        TokenizerMsg,
+        UserMsg,
+    )
+    from minisgl.utils.process import parent_alive
+    from minisgl.utils.zmq import PullQueue, PushQueue
+
+    pin(cpus)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    inbox = PullQueue(channels.scheduler, BackendMsg)
+    outbox = PushQueue(channels.tokenizer, TokenizerMsg)
+    parent = os.getppid()
+    left: dict[int, int] = {}  # uid -> tokens still to emit
+    ready.send(("ready", {}))
+    next_step = time.perf_counter()
+    while True:
+        msgs = inbox.get(timeout_ms=0 if left else 500)
+        replies = []
+        for msg in msgs:
+            if isinstance(msg, UserMsg):
+                left[msg.uid] = msg.sampling_params.max_tokens or 16
+            elif isinstance(msg, AbortBackendMsg):
+                left.pop(msg.uid, None)
+            elif isinstance(msg, StateQueryMsg):
+                n = len(left)
+                state = {
+                    "pending": 0,
+                    "running": n,
+                    "table_slots_used": n,
+                    "kv_pages_used": 0,
+                    "kv_pages_total": 0,
+                }
+                replies.append(SchedulerStateMsg(msg.query_id, state))
+            elif isinstance(msg, ExitMsg):
+                return
+        step = step_s.value
+        if left and step > 0:
+            now = time.perf_counter()
+            if now < next_step:
+                time.sleep(next_step - now)
+            # catch up after a late wake-up, but keep steps at least half a step apart
+            next_step = max(next_step + step, time.perf_counter() + step / 2)
+        for uid in list(left):
+            left[uid] -= 1
+            done = left[uid] == 0
+            replies.append(DetokenizeMsg(uid, token_id, "length" if done else None))
+            if done:
+                del left[uid]
+        emitted.value += len(replies)
+        outbox.put(replies)
+        if not msgs and not left and not parent_alive(parent):
+            return
+
+
+# ============================================================================ client
+class Tally:
+    """Counts SSE content chunks and tokens (occurrences of the token's text) in a byte
+    stream that the network cuts anywhere."""
+
+    CONTENT = b'"content":'
+
+    def __init__(self, word: bytes) -> None:
+        self.word = word
+        self.tail_c = self.tail_w = b""
+
+    def feed(self, data: bytes) -> tuple[int, int]:
+        c, w = self.tail_c + data, self.tail_w + data
+        self.tail_c, self.tail_w = c[-(len(self.CONTENT) - 1) :], w[-(len(self.word) - 1) :]
+        return c.count(self.CONTENT), w.count(self.word)
+
+
+async def measure(
+    url: str,
+    concurrency: int,
+    max_tokens: int,
+    warmup: int,
+    target: int,
+    pids: dict[str, int],
+    max_seconds: float = 600.0,
+    emitted=None,
+) -> dict:
+    """`concurrency` streams in a closed loop (a stream that ends starts the next request);
+    the time for `target` tokens after `warmup` tokens (or until `max_seconds`), and the
+    CPU seconds of `pids` and of the whole machine meanwhile."""
+    import httpx
+
+    body = {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    n = {"chunks": 0, "tokens": 0, "requests": 0, "errors": 0, "short": 0}
+    mark: dict = {}
+    done = asyncio.Event()
+
+    def snapshot() -> dict:
+        return {
+            "t": time.perf_counter(),
+            **n,
+            "busy": machine_busy_seconds(),
+            "emitted": emitted.value if emitted is not None else 0,
+            "cpu": {k: cpu_seconds(p) for k, p in pids.items()},
+        }
+
+    async def stream(client) -> None:
+        while not done.is_set():
+            tally, tokens = Tally(WORD.encode()), 0
+            try:
+                async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    if r.status_code != 200:
+                        n["errors"] += 1
+                        await r.aread()
+                        await asyncio.sleep(0.01)
+                        continue
+                    async for data in r.aiter_raw():
+                        c, w = tally.feed(data)
+                        n["chunks"] += c
+                        n["tokens"] += w
+                        tokens += w
+                        if "start" not in mark:
+                            if n["tokens"] >= warmup:
+                                mark["start"] = snapshot()
+                        elif n["tokens"] - mark["start"]["tokens"] >= target:
+                            mark.setdefault("end", snapshot())
+                            done.set()
+                            return
+            except httpx.HTTPError:
+                n["errors"] += 1
+                continue
+            n["requests"] += 1
+            n["short"] += tokens != max_tokens
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as client:
+        tasks = [asyncio.create_task(stream(client)) for _ in range(concurrency)]
+        try:
+            await asyncio.wait_for(done.wait(), timeout=max_seconds)
+        except asyncio.TimeoutError:
+            mark.setdefault("start", snapshot())
+            mark["end"] = snapshot()
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    a, b = mark["start"], mark["end"]
+    secs = b["t"] - a["t"]
+    cpu = {k: 100 * (b["cpu"][k] - a["cpu"][k]) / secs for k in pids}
+    machine = 100 * (b["busy"] - a["busy"]) / secs
+    tokens, chunks = b["tokens"] - a["tokens"], b["chunks"] - a["chunks"]
+    return {
+        "seconds": secs,
+        "tokens": tokens,
+        "chunks": chunks,
+        "requests": b["requests"] - a["requests"],
+        "tokens_per_s": tokens / secs,
+        "chunks_per_s": chunks / secs,
+        "tokens_per_chunk": tokens / chunks if chunks else None,
+        "emitted_per_s": (b["emitted"] - a["emitted"]) / secs,
+        "cpu_pct": cpu,
+        # busy CPU of processes that are not part of this benchmark (a shared machine)
+        "others_cpu_pct": machine - sum(cpu.values()),
+        "errors": n["errors"],
+        "short_requests": n["short"],  # ended without max_tokens tokens (none expected)
+    }
+
+
+def client_main(conn, emitted, cpus) -> None:
+    pin(cpus)
+    while (cmd := conn.recv()) is not None:
+        try:
+            conn.send(("ok", asyncio.run(measure(**cmd, emitted=emitted))))
+        except Exception as exc:  # report it and keep serving
+            conn.send(("error", repr(exc)))

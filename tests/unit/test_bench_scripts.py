@@ -1,0 +1,109 @@
+"""The pieces of benchmarks/online.py and benchmarks/frontend.py run and count right.
+
+The benchmarks need a server and minutes; these tests check, in milliseconds, what their
+figures rest on: the bare baseline sends exactly the bytes minisgl's StreamResponse sends,
+the client's byte counting survives any cut of the stream, the workload and percentiles
+are what the docs say, and a py-spy profile is summed up correctly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import frontend  # noqa: E402
+import frontend_stack  # noqa: E402
+import online  # noqa: E402
+import profile_summary  # noqa: E402
+
+from minisgl.server.buffer import ChoiceOutput, Output  # noqa: E402
+from minisgl.server.formats import SSE_DONE, ChatFormat  # noqa: E402
+
+
+def _norm(data: bytes) -> bytes:
+    data = re.sub(rb"chatcmpl-[0-9a-f]{32}", b"chatcmpl-ID", data)
+    return re.sub(rb'"created":\d+', b'"created":T', data)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5])
+def test_bare_sends_the_bytes_of_our_stream_response(n):
+    """Same sends as StreamResponse.serve for n outputs of one token each."""
+    fmt = ChatFormat(frontend_stack.MODEL_NAME)
+    ours = []
+    for i in range(n):
+        last = i == n - 1
+        choice = ChoiceOutput(0, frontend_stack.WORD, "length" if last else None, [])
+        body = fmt.chunks(Output([choice], 10, i + 1, last, None))
+        ours.append(body + SSE_DONE if last else body)
+    bare = frontend_stack.bare_chunks(frontend_stack.MODEL_NAME, n, frontend_stack.WORD)
+    assert [_norm(b) for b in bare] == [_norm(o) for o in ours]
+    assert [len(b) for b in bare] == [len(o) for o in ours]
+
+
+def test_tally_counts_chunks_and_tokens_across_any_cut():
+    stream = b"".join(frontend_stack.bare_chunks("m", 7, " hello"))
+    for cut in range(1, 40, 3):
+        tally, chunks, tokens = frontend_stack.Tally(b" hello"), 0, 0
+        for i in range(0, len(stream), cut):
+            c, w = tally.feed(stream[i : i + cut])
+            chunks, tokens = chunks + c, tokens + w
+        assert (chunks, tokens) == (7, 7)
+
+
+def test_online_prompts_arrivals_and_percentiles():
+    prompts = online.make_prompts(3, 50, seed=1)
+    assert prompts == online.make_prompts(3, 50, seed=1)
+    assert all(len(p.split()) == 50 for p in prompts)
+    assert online.arrival_offsets(4, math.inf, 0) == [0.0] * 4
+    offsets = online.arrival_offsets(2000, 10.0, 0)
+    assert offsets == sorted(offsets)
+    assert 180 < offsets[-1] < 220  # 2000 arrivals at 10/s
+    p = online.percentiles([i / 1000 for i in range(1, 101)])  # 1..100 ms
+    assert (p["p50"], p["p90"], p["p99"]) == pytest.approx((50, 90, 99))
+    assert online.percentiles([])["p50"] is None
+
+
+def test_online_summary_counts_tokens_of_finished_requests():
+    ok = online.RequestResult(
+        ok=True, start=0.0, end=1.0, ttft=0.1, chunk_times=[0.1, 0.2, 0.4], finish_reason="length"
+    )
+    bad = online.RequestResult(ok=False, start=0.0, end=0.5, error="HTTP 503")
+    args = online.parse_args(["--num-requests", "2"])
+    check = {"prompt_tokens": 10, "completion_tokens": 64}
+    s = online.summarize(args, "m", [ok, bad], 2.0, check)
+    assert (s["requests_ok"], s["requests_failed"], s["errors"]) == (1, 1, ["HTTP 503"])
+    assert s["output_tokens_per_s"] == 32.0 and s["content_chunks"] == 3
+    ok.completion_tokens = 60  # the stream's own usage wins over the check
+    assert online.summarize(args, "m", [ok, bad], 2.0, check)["output_tokens"] == 60
+    assert s["itl_ms"]["p50"] == pytest.approx(100) and s["ttft_ms"]["p99"] == pytest.approx(100)
+
+
+def test_frontend_defaults_match_the_readme():
+    args = frontend.parse_args([])
+    assert (args.concurrency, args.max_tokens, args.tokens, args.paced_tokens) == (
+        [1, 16, 64],
+        256,
+        100000,
+        30000,
+    )
+
+
+def test_profile_summary_of_collapsed_stacks():
+    raw = (
+        "<module> (x.py:1);listen (/r/minisgl/server/frontend.py:10);append "
+        "(/r/minisgl/server/frontend.py:20) 30\n"
+        "<module> (x.py:1);write (/v/site-packages/h11/_conn.py:5) 70\n"
+    )
+    s = profile_summary.summarize_collapsed(raw.replace("/r/", str(profile_summary.REPO) + "/"))
+    assert s["samples"] == 100
+    assert dict(s["self_pct"]) == {
+        "h11/_conn.py:write": 70.0,
+        "minisgl/server/frontend.py:append": 30.0,
+    }
+    assert dict(s["minisgl_inclusive_pct"])["minisgl/server/frontend.py:listen"] == 30.0
