@@ -157,26 +157,17 @@ def serve_ours(port: int, channels, loop: str, http: str, cpus, profile_out: str
     stats there."""
     import uvicorn
 
-    from minisgl.message import FrontendMsg, TokenizerMsg
     from minisgl.server.api_server import create_app
     from minisgl.server.args import ServerArgs
     from minisgl.server.frontend import FrontendManager
-    from minisgl.utils.zmq import AsyncPullQueue, PushQueue
+    from minisgl.server.launch import connect_frontend
 
     pin(cpus)
     logging.getLogger("asyncio").setLevel(logging.ERROR)  # as for bare
     args = ServerArgs(port=port, log_level="warning")
 
-    def connect(metrics) -> FrontendManager:  # as launch.py
-        to_tokenizer = PushQueue(channels.tokenizer, TokenizerMsg)
-        inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
-        return FrontendManager(
-            to_tokenizer.put,
-            inbox.get,
-            max_pending_bytes=args.max_pending_bytes,
-            max_concurrent=args.max_concurrent_requests,
-            metrics=metrics,
-        )
+    def connect(metrics) -> FrontendManager:
+        return connect_frontend(channels, args, metrics)
 
     if profile_out:
         import cProfile

@@ -5,7 +5,8 @@
   FrontendManager's two channels (a copy of the idea in tests/fakes.py, so that the
   notebooks do not import from tests/).
 - `Server`: the real three-process server (`python -m minisgl`) on a free port, with
-  /debug/lifecycle at hand; stopped by `stop()` or, at the latest, when the kernel exits.
+  /debug/lifecycle at hand (the tests' `RunningServer`); stopped by `stop()` or, at the
+  latest, when the kernel exits.
 - `show(fig)`: displays a matplotlib figure drawn with the Agg backend (no display needed).
 """
 
@@ -14,12 +15,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import io
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -28,11 +24,12 @@ import matplotlib
 matplotlib.use("Agg")  # draw off-screen: works in CI without a display
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "tests"):  # minisgl from a checkout; the tests' server harness
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
-import httpx  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+from server_process import RunningServer  # noqa: E402
 
 from minisgl.message import AbortMsg, TokenizeMsg, UserReply  # noqa: E402
 from minisgl.server.frontend import FrontendManager  # noqa: E402
@@ -99,62 +96,17 @@ def prompt(text: str = "什么是 KV Cache？"):
 
 
 # ---------------------------------------------------------------- the real server
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Server(RunningServer):
+    """`python -m minisgl --device cpu` on a free port (the embedded default model): the
+    tests' RunningServer, stopped at the latest when the kernel exits."""
 
-
-class Server:
-    """`python -m minisgl --device cpu` on a free port (the embedded default model)."""
-
-    def __init__(self, *extra: str, timeout: float = 300.0) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.model = DEFAULT_MODEL
-        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"minisgl-nb-{self.port}.log"
-        cmd = [sys.executable, "-m", "minisgl", "--device", "cpu", "--port", str(self.port)]
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [*cmd, *extra],
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stop() reaches all three
-        )
+    def __init__(self, *extra: str) -> None:
+        super().__init__(None, *extra)
+        self.model = self.model_name
         atexit.register(self.stop)  # a notebook that fails halfway leaves no server behind
-        self._wait_healthy(timeout)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the server was not healthy after {timeout} s")
-
-    def lifecycle(self) -> dict:
-        return httpx.get(f"{self.base_url}/debug/lifecycle", timeout=5).json()
 
     def chat_body(self, content: str, **extra) -> dict:
         return {"model": self.model, "messages": [{"role": "user", "content": content}], **extra}
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._log.close()
-        return self.proc.returncode
 
 
 def flat_lifecycle(state: dict) -> dict[str, int]:

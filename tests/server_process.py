@@ -49,6 +49,7 @@ class RunningServer:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd,
+            cwd=Path(__file__).resolve().parents[1],  # `-m minisgl` works installed or not
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
