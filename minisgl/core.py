@@ -176,10 +176,6 @@ class Batch:
     reqs: list[Req]
 
     @property
-    def num_tokens(self) -> int:
-        return sum(r.extend_len for r in self.reqs)
-
-    @property
     def is_decode(self) -> bool:
         return all(r.extend_len == 1 for r in self.reqs)
 

@@ -58,6 +58,38 @@ def store_kv(
     )  # fmt: skip
 
 
+# ---------------------------------------------------------------------------- one KV block
+@triton.jit
+def _attend_block(
+    q, m_i, l_i, acc, q_pos,
+    k_cache_ptr, v_cache_ptr, table_row_ptr, n0, kv_end, kvh, offs_d, mask_d,
+    stride_cs, stride_ch, scale,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+):  # fmt: skip
+    """Online softmax over keys [n0, n0 + BLOCK_N) of one request's paged cache: returns the
+    updated running max, sum and (rows, D) accumulator. Shared by prefill and decode."""
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < kv_end
+    page = tl.load(table_row_ptr + offs_n // PAGE_SIZE, mask=mask_n, other=0)
+    slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
+    kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
+    kv_mask = mask_n[:, None] & mask_d[None, :]
+    k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # (rows, BLOCK_N)
+    allowed = mask_n[None, :]
+    if CAUSAL:
+        allowed = allowed & (q_pos[:, None] >= offs_n[None, :])
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
+    p = tl.exp(s - m_safe[:, None])
+    alpha = tl.exp(m_i - m_safe)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+    return m_new, l_i, acc
+
+
 # ---------------------------------------------------------------------------- prefill
 @triton.jit
 def _prefill_kernel(
@@ -96,24 +128,12 @@ def _prefill_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     kv_end = cached + tl.minimum(m0 + BLOCK_M, ext)  # causal: no key past the last query
     for n0 in range(0, kv_end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < kv_end
-        page = tl.load(block_table_ptr + r * stride_bt + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
-        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # (BLOCK_M, BLOCK_N)
-        allowed = (q_pos[:, None] >= offs_n[None, :]) & mask_n[None, :]
-        s = tl.where(allowed, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no key yet
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(
+            q, m_i, l_i, acc, q_pos,
+            k_cache_ptr, v_cache_ptr, block_table_ptr + r * stride_bt, n0, kv_end, kvh,
+            offs_d, mask_d, stride_cs, stride_ch, scale,
+            PAGE_SIZE=PAGE_SIZE, BLOCK_N=BLOCK_N, CAUSAL=True,
+        )  # fmt: skip
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -198,23 +218,12 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        page = tl.load(block_table_ptr + b * stride_bt + offs_n // PAGE_SIZE, mask=mask_n, other=0)
-        slot = page.to(tl.int64) * PAGE_SIZE + offs_n % PAGE_SIZE
-        kv_off = slot[:, None] * stride_cs + kvh * stride_ch + offs_d[None, :]
-        kv_mask = mask_n[:, None] & mask_d[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # (BLOCK_G, BLOCK_N)
-        s = tl.where(mask_n[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - m_safe[:, None])
-        alpha = tl.exp(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(
+            q, m_i, l_i, acc, offs_g,  # no causal mask: the positions go unused
+            k_cache_ptr, v_cache_ptr, block_table_ptr + b * stride_bt, n0, end, kvh,
+            offs_d, mask_d, stride_cs, stride_ch, scale,
+            PAGE_SIZE=PAGE_SIZE, BLOCK_N=BLOCK_N, CAUSAL=False,
+        )  # fmt: skip
 
     empty = l_i == 0.0  # a split past the end of a short sequence
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
