@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 # Without a GPU, Triton kernels run in Triton's interpreter (numpy on the CPU). This must be
@@ -13,8 +12,6 @@ if not Path("/dev/nvidia0").exists():
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).parent))  # tests/tiny.py and friends
 
 ARCHS = ["llama", "qwen2", "qwen3"]
 

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from server_process import RunningServer
+from minisgl.testing.server import RunningServer
 
 SSE_DONE = b"data: [DONE]\n\n"
 TOKEN_CHARS = 16_000  # text per token of the `long_token_dir` model (conftest.py)

@@ -32,7 +32,7 @@ from e2e_helpers import (
     split_sse,
     start_server,
 )
-from server_process import (
+from minisgl.testing.server import (
     RunningServer,
     assert_all_gone,
     inbox_owner,

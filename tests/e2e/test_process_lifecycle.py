@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_helpers import SSE_DONE, assert_error_body, chat_body, split_sse, start_server
-from server_process import inbox_owner, ipc_dir
+from minisgl.testing.server import inbox_owner, ipc_dir
 
 PATH = "/v1/chat/completions"
 

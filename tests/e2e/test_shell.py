@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
-from server_process import group_alive
+from minisgl.testing.server import group_alive
 
 PROMPT = ">>> "
 QUESTION = "What is a KV cache?"

@@ -35,7 +35,7 @@ from e2e_helpers import (
     start_server,
 )
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from server_process import RunningServer, group_rss_bytes
+from minisgl.testing.server import RunningServer, group_rss_bytes
 
 pytestmark = pytest.mark.soak
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import httpx
-from fakes import FakeBackend
+from minisgl.testing.fakes import FakeBackend
 
 from minisgl.message import LifecycleStateMsg, TokenizeMsg, UserReply
 from minisgl.server.api_server import create_app

@@ -18,7 +18,7 @@ import threading
 
 import httpx
 import pytest
-from fakes import make_frontend, wait_until
+from minisgl.testing.fakes import make_frontend, wait_until
 from fastapi import FastAPI
 from quiz_helpers import answer, answer_queries, app_client, chat_body
 

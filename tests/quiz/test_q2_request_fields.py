@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import pytest
-from fakes import make_frontend, wait_until
+from minisgl.testing.fakes import make_frontend, wait_until
 from fastapi.routing import APIRoute
 from quiz_helpers import MODEL, answer, app_client, app_for, chat_body
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fakes import FakeBackend, listening, settle
+from minisgl.testing.fakes import FakeBackend, listening, settle
 from naive import EventOnlyManager, ListOnlyManager
 
 from minisgl.core import SamplingParams

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fakes import listening, make_frontend, settle
+from minisgl.testing.fakes import listening, make_frontend, settle
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply

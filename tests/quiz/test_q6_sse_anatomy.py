@@ -20,7 +20,7 @@ import asyncio
 import json
 
 import pytest
-from fakes import make_frontend, wait_until
+from minisgl.testing.fakes import make_frontend, wait_until
 from openai.types.chat import ChatCompletionChunk
 from quiz_helpers import MODEL, app_client, chat_body, sse_payloads
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fakes import FakeBackend, listening, make_frontend, settle
+from minisgl.testing.fakes import FakeBackend, listening, make_frontend, settle
 from naive import RefStyleManager
 
 from minisgl.core import SamplingParams

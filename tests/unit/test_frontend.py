@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fakes import listening, make_frontend, settle
+from minisgl.testing.fakes import listening, make_frontend, settle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -18,7 +18,7 @@ import httpx
 import msgspec
 import pytest
 import uvicorn
-from fakes import FakeBackend, make_frontend, wait_until
+from minisgl.testing.fakes import FakeBackend, make_frontend, wait_until
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from minisgl.message import ErrorInfo, LifecycleStateMsg, TokenizeMsg, UserReply

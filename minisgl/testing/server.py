@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 
+from minisgl.models.default_model import DEFAULT_MODEL_NAME
+
 ZERO_FRONTEND = {"requests": 0, "pending_bytes": 0}
 ZERO_TOKENIZER = {"decode_states": 0}
 ZERO_SCHEDULER = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
@@ -40,7 +42,7 @@ def is_zero(state: dict) -> bool:
 class RunningServer:
     def __init__(self, model: str | None, *extra: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
-        self.model_name = model or "SmolLM2-135M-Instruct"
+        self.model_name = model or DEFAULT_MODEL_NAME
         cmd = [sys.executable, "-m", "minisgl", "--device", "cpu", "--port", str(self.port)]
         if model is not None:
             cmd += ["--model", model]
@@ -49,7 +51,7 @@ class RunningServer:
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
             cmd,
-            cwd=Path(__file__).resolve().parents[1],  # `-m minisgl` works installed or not
+            cwd=Path(__file__).resolve().parents[2],  # `-m minisgl` works installed or not
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},

@@ -1,0 +1,17 @@
+"""Test doubles and harnesses shared by the tests, the notebooks, the quiz and the benchmarks.
+
+- `fakes`: `FakeBackend`, the far side of a FrontendManager's two channels (a stand-in for
+  the tokenizer worker), and small asyncio helpers for driving it.
+- `server`: `RunningServer`, the real three-process server (`python -m minisgl`) on a free
+  port, with /debug/lifecycle at hand.
+
+They live in the package, not beside the tests, so that every reader imports them the same
+way (`from minisgl.testing import FakeBackend`) without editing `sys.path`. Importing this
+package imports neither torch nor an HTTP client; the submodules import what they use.
+"""
+
+from __future__ import annotations
+
+from .fakes import FakeBackend, listening, make_frontend, settle, wait_until
+
+__all__ = ["FakeBackend", "listening", "make_frontend", "settle", "wait_until"]
