@@ -11,7 +11,7 @@ from minisgl.server.args import ServerArgs, parse_args
 def run_prompt(args: ServerArgs) -> int:
     from minisgl import LLM, SamplingParams
 
-    llm = LLM.from_config(args.engine_config(), args.max_prefill_tokens)
+    llm = LLM(engine_config=args.engine_config, scheduler_config=args.scheduler_config)
     messages = [{"role": "user", "content": args.prompt}]
     prompt = messages if llm.tokenizer.chat_template else args.prompt
     params = SamplingParams(max_tokens=args.max_tokens or 256)

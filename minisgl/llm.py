@@ -1,6 +1,10 @@
 """The offline API: `LLM(model=..., device=...).generate(prompts, sampling_params)`.
 
-Contract: runs the same engine and scheduler as the server, in this process, through the
+Contract: `LLM(model, **options)` takes each option by the name of its field in
+`EngineConfig` (device, dtype, page_size, ...) or `SchedulerConfig` (max_prefill_tokens),
+and an option left out keeps that configuration's default; or give the configurations
+themselves, `LLM(engine_config=..., scheduler_config=...)` (options then override their
+fields). It runs the same engine and scheduler as the server, in this process, through the
 scheduler's message interface (UserMsg in, one DetokenizeMsg per step per sequence out,
 abort by uid). `generate` returns one `RequestOutput` per prompt, in order: text, token ids
 and finish reason (of each choice, when n > 1), or an error message for a prompt the
@@ -12,13 +16,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from minisgl.core import SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.message import BackendErrorMsg, DetokenizeMsg, TokenLogprob, UserMsg
 from minisgl.scheduler import Scheduler
+from minisgl.scheduler.config import SchedulerConfig, split_options
 from minisgl.tokenizer import DetokenizeManager, build_prompt_ids, load_tokenizer
 from minisgl.tokenizer.tokenize import Prompt
 
@@ -68,28 +74,23 @@ class LLM:
     def __init__(
         self,
         model: str | None = None,
-        device: str = "auto",
-        dtype: str = "auto",
         *,
-        max_prefill_tokens: int = 8192,
-        **engine_options,
+        engine_config: EngineConfig | None = None,
+        scheduler_config: SchedulerConfig | None = None,
+        **options: Any,
     ) -> None:
-        config = EngineConfig(model=model, device=device, dtype=dtype, **engine_options)
-        self.engine = Engine(config)
-        self.scheduler = Scheduler(self.engine, max_prefill_tokens=max_prefill_tokens)
+        if model is not None:
+            options["model"] = model
+        engine_options, scheduler_options, unknown = split_options(options)
+        if unknown:
+            names = ", ".join(sorted(unknown))
+            raise TypeError(f"LLM() got options that neither configuration has: {names}")
+        self.engine = Engine(replace(engine_config or EngineConfig(), **engine_options))
+        self.scheduler = Scheduler(
+            self.engine, replace(scheduler_config or SchedulerConfig(), **scheduler_options)
+        )
         self.tokenizer = load_tokenizer(self.engine.model_dir)
         self._uids = itertools.count()
-
-    @classmethod
-    def from_config(cls, config: EngineConfig, max_prefill_tokens: int = 8192) -> LLM:
-        options = {k: v for k, v in vars(config).items() if k not in ("model", "device", "dtype")}
-        return cls(
-            config.model,
-            config.device,
-            config.dtype,
-            max_prefill_tokens=max_prefill_tokens,
-            **options,
-        )
 
     def generate(
         self,
@@ -139,7 +140,7 @@ class LLM:
                 continue  # its request ended earlier in this step
             index, output = live[reply.uid]
             if isinstance(reply, BackendErrorMsg):
-                output.error = reply.message
+                output.error = reply.error.message
                 if detok:
                     detok.remove(reply.uid)
                 del live[reply.uid]

@@ -23,7 +23,8 @@ from contextlib import aclosing
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 
-from .server.frontend import FrontendManager, Refused
+from .server.errors import RequestFailed
+from .server.frontend import FrontendManager
 
 PROMPT = ">>> "
 HELP = "Type a message. /reset clears the history, /lifecycle shows live state, /exit quits."
@@ -69,7 +70,7 @@ async def answer(frontend: FrontendManager, history: list[dict], params: Samplin
         async with aclosing(frontend.wait_for_ack(state)) as outputs:
             async for out in outputs:
                 if out.error is not None:
-                    raise Refused(out.error)
+                    raise RequestFailed(out.error)
                 _say(out.text)
                 pieces.append(out.text)
     return "".join(pieces)
@@ -120,9 +121,9 @@ async def run_shell(frontend: FrontendManager, max_tokens: int | None) -> int:
                     raise  # the shell itself is being cancelled
                 history.pop()  # the question was not answered
                 _say("\n(answer cancelled)\n")
-            except Refused as refused:
+            except RequestFailed as failed:  # refused, or ended with an error
                 history.pop()
-                _say(f"\n(error: {refused.error.message})\n")
+                _say(f"\n(error: {failed.error.message})\n")
             _say(PROMPT)
         _say("\n")
         return 0

@@ -1,4 +1,9 @@
-"""EngineConfig: everything the engine needs to be built, with defaults explained."""
+"""EngineConfig: everything the engine needs to be built, with defaults explained.
+
+Contract: no torch import at module level (the API server process reads it through
+`ServerArgs`); each default is set here once, and the command line, `ServerArgs` and
+`LLM(...)` take it from here.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +20,9 @@ class EngineConfig:
     device: str = "auto"  # auto: CUDA when present, else CPU
     dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     dummy_weights: bool = False  # random weights of the real shapes (benchmarks)
-    page_size: int = 16  # tokens per KV page
+    # tokens per KV page: 16 trades the slots a sequence's last page leaves unused (at
+    # most 15) against the size of the page table (one entry per page)
+    page_size: int = 16
     num_pages: int | None = None  # None: sized from free memory
     # share of free device memory (after weights) given to the KV cache on CUDA; the rest
     # is headroom for activations, logits and CUDA graphs
@@ -23,6 +30,9 @@ class EngineConfig:
     # on CPU the pool never needs more than max_running_requests * max_seq_len tokens and
     # never takes more than this share of available RAM
     cpu_mem_fraction: float = 0.25
+    # sequences running at once: the page table's rows, the largest decode batch and, on
+    # CPU, a bound on the KV pool; 256 is the top CUDA graph bucket (graph.BUCKETS), so
+    # every decode batch replays a graph. The scheduler reads it back from here
     max_running_requests: int = 256
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere

@@ -4,13 +4,17 @@ API server --TokenizeMsg, AbortMsg, LifecycleQueryMsg--> tokenizer worker
 tokenizer worker --UserMsg, AbortBackendMsg, StateQueryMsg--> scheduler
 scheduler --DetokenizeMsg, BackendErrorMsg, SchedulerStateMsg--> tokenizer worker
 tokenizer worker --UserReply, LifecycleStateMsg--> API server
+
+A request that fails ends with an `ErrorInfo` (errors.py): a kind and a message, never an
+HTTP status; the API server maps the kind to its answer.
 """
 
 from __future__ import annotations
 
 from .backend import AbortBackendMsg, BackendMsg, ExitMsg, StateQueryMsg, UserMsg
 from .codec import Codec, pack_ids, unpack_ids
-from .frontend import ErrorInfo, FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
+from .errors import ErrorInfo, ErrorKind
+from .frontend import FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
 from .tokenizer import (
     AbortMsg,
     BackendErrorMsg,
@@ -30,6 +34,7 @@ __all__ = [
     "Codec",
     "DetokenizeMsg",
     "ErrorInfo",
+    "ErrorKind",
     "ExitMsg",
     "FrontendMsg",
     "LifecycleQueryMsg",

@@ -2,21 +2,16 @@
 
 UserReply carries one step's new text for one choice of one uid, with running token counts;
 the last reply of a choice has its finish_reason, the last reply of the request (every choice
-done, or an error) has `finished` set. At most one terminal reply is sent per uid. LifecycleStateMsg answers a LifecycleQueryMsg with the
-tokenizer's and the scheduler's live per-uid state.
+done, or an error) has `finished` set. At most one terminal reply is sent per uid.
+LifecycleStateMsg answers a LifecycleQueryMsg with the tokenizer's and the scheduler's live
+per-uid state.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-
-class ErrorInfo(msgspec.Struct):
-    message: str
-    status: int = 400
-    code: str | None = None
-    param: str | None = None
-    type: str = "invalid_request_error"
+from .errors import ErrorInfo
 
 
 class TokenInfo(msgspec.Struct, array_like=True):

@@ -15,6 +15,8 @@ import msgspec
 
 from minisgl.core import SamplingParams
 
+from .errors import ErrorInfo
+
 
 class TokenizeMsg(msgspec.Struct, tag=True):
     uid: int
@@ -50,10 +52,7 @@ class DetokenizeMsg(msgspec.Struct, tag=True):
 
 class BackendErrorMsg(msgspec.Struct, tag=True):
     uid: int
-    message: str
-    status: int = 400  # the HTTP status the API server answers with
-    code: str | None = None  # OpenAI error code, e.g. "context_length_exceeded"
-    param: str | None = None
+    error: ErrorInfo  # what went wrong, as a kind: the API server chooses the HTTP status
 
 
 class SchedulerStateMsg(msgspec.Struct, tag=True):

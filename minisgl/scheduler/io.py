@@ -8,6 +8,7 @@ launcher, and runs the loop until told to exit or until its parent process disap
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from multiprocessing.connection import Connection
@@ -63,11 +64,9 @@ def scheduler_worker(args, model_dir, channels, ready: Connection) -> None:
 
     configure_worker_logging("scheduler", args.log_level)
     try:
-        _share_cpu_cores(args.device)
-        config = args.engine_config()
-        config.model = str(model_dir)
-        engine = Engine(config)
-        scheduler = Scheduler(engine, max_prefill_tokens=args.max_prefill_tokens)
+        _share_cpu_cores(args.engine_config.device)
+        engine = Engine(dataclasses.replace(args.engine_config, model=str(model_dir)))
+        scheduler = Scheduler(engine, args.scheduler_config)
         io = ZmqSchedulerIO(
             PullQueue(channels.scheduler, BackendMsg),
             PushQueue(channels.tokenizer, TokenizerMsg),

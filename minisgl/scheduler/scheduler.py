@@ -8,9 +8,9 @@ Contract (the message-shaped interface the server drives):
   decoding) and frees its slots and pages; a uid the scheduler does not know is ignored (it
   may have just finished).
 - `step()` runs one forward pass over every decoding sequence plus as many prefill chunks
-  as the token budget allows, and returns one `DetokenizeMsg` per sequence that produced a
-  token; the last one of a sequence carries its finish_reason, and its resources are
-  already free when it is returned.
+  as the token budget (`SchedulerConfig.max_prefill_tokens`) allows, and returns one
+  `DetokenizeMsg` per sequence that produced a token; the last one of a sequence carries
+  its finish_reason, and its resources are already free when it is returned.
 - `run_forever(io)` is the process loop: receive, step, send.
 
 Each sequence (one choice of a request; n choices share the prompt's pages) lives in
@@ -31,6 +31,8 @@ from minisgl.message import (
     BackendErrorMsg,
     BackendMsg,
     DetokenizeMsg,
+    ErrorInfo,
+    ErrorKind,
     ExitMsg,
     SchedulerStateMsg,
     StateQueryMsg,
@@ -39,11 +41,18 @@ from minisgl.message import (
 )
 
 from .cache import CacheManager
+from .config import SchedulerConfig
 from .decode import DecodeManager
 from .prefill import PrefillManager
 from .table import TableManager
 
 logger = logging.getLogger(__name__)
+
+
+def _error(
+    msg: UserMsg, kind: ErrorKind, message: str, field: str | None = None
+) -> BackendErrorMsg:
+    return BackendErrorMsg(msg.uid, ErrorInfo(kind, message, field))
 
 
 class SchedulerIO(Protocol):
@@ -53,9 +62,9 @@ class SchedulerIO(Protocol):
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_prefill_tokens: int = 8192) -> None:
+    def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
         self.engine = engine
-        self.max_prefill_tokens = max_prefill_tokens
+        self.config = config if config is not None else SchedulerConfig()
         self.table_manager = TableManager(engine.config.max_running_requests)
         self.cache_manager = CacheManager(engine.num_pages, engine.page_size, engine.page_table)
         self.prefill_manager = PrefillManager()
@@ -94,28 +103,27 @@ class Scheduler:
         ids, params = msg.input_ids, msg.sampling_params
         max_seq_len, vocab = self.engine.max_seq_len, self.engine.model_config.vocab_size
         if not ids:
-            return BackendErrorMsg(msg.uid, "the prompt is empty", param="messages")
+            return _error(msg, ErrorKind.EMPTY_PROMPT, "the prompt is empty")
         if len(ids) >= max_seq_len:
-            return BackendErrorMsg(
-                msg.uid,
+            return _error(
+                msg,
+                ErrorKind.CONTEXT_LENGTH_EXCEEDED,
                 f"the prompt has {len(ids)} tokens, but this server's context is "
                 f"{max_seq_len} tokens and at least one must be left to generate; "
                 "shorten the prompt",
-                code="context_length_exceeded",
-                param="messages",
             )
         if (problem := params.validate()) is not None:
             param, message = problem
-            return BackendErrorMsg(msg.uid, message, param=param)
-        for param, token_ids in (
-            ("prompt", ids),
+            return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, message, param)
+        for field, token_ids in (
+            (None, ids),  # the prompt, whatever the endpoint calls it
             ("stop_token_ids", params.stop_token_ids),
             ("logit_bias", list(params.logit_bias)),
         ):
             if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
-                return BackendErrorMsg(
-                    msg.uid, f"{param}: token ids must be in [0, {vocab})", param=param
-                )
+                where = field or "the prompt"
+                message = f"{where}: token ids must be in [0, {vocab})"
+                return _error(msg, ErrorKind.INVALID_TOKEN_ID, message, field)
         # more than the room left is clamped; hitting the clamp is finish_reason "length"
         room = max_seq_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -223,7 +231,10 @@ class Scheduler:
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
-            self.max_prefill_tokens, self.table_manager, self.cache_manager, keep_free=len(decode)
+            self.config.max_prefill_tokens,
+            self.table_manager,
+            self.cache_manager,
+            keep_free=len(decode),
         )
         reqs = decode + prefill
         return Batch(reqs) if reqs else None

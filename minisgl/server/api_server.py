@@ -20,15 +20,15 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
-from minisgl.message import ErrorInfo, TokenizeMsg, pack_ids
+from minisgl.message import ErrorKind, TokenizeMsg, pack_ids
 
 from .args import ServerArgs
-from .formats import ChatFormat, CompletionFormat, error_body
-from .frontend import FrontendManager, Refused
+from .errors import HttpError, RequestFailed, to_http, unavailable
+from .formats import ChatFormat, CompletionFormat
+from .frontend import FrontendManager
 from .metrics import ServerMetrics
 from .middleware import (
     ApiKeyMiddleware,
@@ -37,44 +37,27 @@ from .middleware import (
     request_id_var,
 )
 from .protocol import ChatCompletionRequest, CompletionRequest, ParamError
-from .response import FullResponse, Job, StreamResponse, unavailable
+from .response import FullResponse, Job, StreamResponse
 
 logger = logging.getLogger(__name__)
 
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 
 
-def error_response(error: ErrorInfo, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(error), status_code=error.status, headers=headers)
-
-
-def refused_response(refused: Refused) -> JSONResponse:
-    headers = {"Retry-After": str(refused.retry_after)} if refused.retry_after else None
-    return error_response(refused.error, headers)
-
-
-def _validation_error(exc: RequestValidationError) -> ErrorInfo:
+def _validation_error(exc: RequestValidationError) -> HttpError:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
-        return ErrorInfo(f"the request body is not valid JSON: {first.get('msg')}", 400)
+        return HttpError(400, f"the request body is not valid JSON: {first.get('msg')}")
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, ParamError):  # a cross-field check: it names its parameter
-        return ErrorInfo(str(cause), 400, code="invalid_value", param=cause.param)
+        return HttpError(400, str(cause), code="invalid_value", param=cause.param)
     if first.get("type") == "extra_forbidden":
         message = f"unsupported parameter: {param}"
     else:
         message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-    return ErrorInfo(message, 400, code="invalid_value", param=param)
-
-
-async def _sweep_stalls(frontend: FrontendManager, timeout: float) -> None:
-    loop = asyncio.get_running_loop()
-    period = min(0.25, timeout / 4)
-    while True:
-        await asyncio.sleep(period)
-        frontend.check_stalls(loop.time(), timeout)
+    return HttpError(400, message, code="invalid_value", param=param)
 
 
 def _on_background_exit(task: asyncio.Task, frontend: FrontendManager) -> None:
@@ -111,7 +94,7 @@ def create_app(
         app.state.frontend = frontend
         tasks = [
             asyncio.create_task(frontend.listen()),
-            asyncio.create_task(_sweep_stalls(frontend, args.client_stall_timeout)),
+            asyncio.create_task(frontend.sweep_stalls(args.client_stall_timeout)),
         ]
         for task in tasks:
             task.add_done_callback(lambda t: _on_background_exit(t, frontend))
@@ -137,29 +120,23 @@ def create_app(
     async def _on_validation_error(request: Request, exc: RequestValidationError):
         error = _validation_error(exc)
         metrics.on_rejected(error.code or "invalid_request")
-        return error_response(error)
+        return error.response()
 
     @app.exception_handler(StarletteHTTPException)
     async def _on_http_error(request: Request, exc: StarletteHTTPException):
         code = _HTTP_CODES.get(exc.status_code)
         metrics.on_rejected(code or str(exc.status_code))
-        return error_response(ErrorInfo(str(exc.detail), exc.status_code, code=code))
+        return HttpError(exc.status_code, str(exc.detail), code=code).response()
 
     def frontend() -> FrontendManager:
         return app.state.frontend
 
-    def unknown_model(model: str) -> JSONResponse | None:
+    def unknown_model(model: str) -> Response | None:
         if model == model_name:
             return None
         metrics.on_rejected("model_not_found")
-        return error_response(
-            ErrorInfo(
-                f"the model {model!r} does not exist; this server serves {model_name!r}",
-                404,
-                code="model_not_found",
-                param="model",
-            )
-        )
+        message = f"the model {model!r} does not exist; this server serves {model_name!r}"
+        return HttpError(404, message, code="model_not_found", param="model").response()
 
     def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
         if req.user is not None:
@@ -177,8 +154,14 @@ def create_app(
         def make_msg(uid: int) -> TokenizeMsg:
             return TokenizeMsg(uid, params, messages=messages)
 
-        fmt = ChatFormat(model_name, params.n)
-        return respond(req, Job([make_msg], fmt, params.n, req.logprobs, req.include_usage))
+        job = Job(
+            make_msgs=[make_msg],
+            fmt=ChatFormat(model_name, params.n),
+            n=params.n,
+            logprobs=req.logprobs,
+            include_usage=req.include_usage,
+        )
+        return respond(req, job)
 
     # --8<-- [end:chat_route]
 
@@ -195,8 +178,13 @@ def create_app(
             return lambda uid: TokenizeMsg(uid, params, input_ids_packed=packed, echo=req.echo)
 
         makers = [maker(p) for p in req.prompts()]
-        fmt = CompletionFormat(model_name, len(makers) * params.n)
-        job = Job(makers, fmt, params.n, req.logprobs is not None, req.include_usage)
+        job = Job(
+            make_msgs=makers,
+            fmt=CompletionFormat(model_name, len(makers) * params.n),
+            n=params.n,
+            logprobs=req.logprobs is not None,
+            include_usage=req.include_usage,
+        )
         return respond(req, job)
 
     @app.get("/v1/models")
@@ -217,16 +205,16 @@ def create_app(
     async def health():
         try:
             frontend().check_admission()
-        except Refused as refused:
-            if refused.error.code != "overloaded":  # busy is still healthy
-                return refused_response(refused)
+        except RequestFailed as refused:
+            if refused.error.kind is not ErrorKind.OVERLOADED:  # busy is still healthy
+                return to_http(refused.error).response()
         return {"status": "ok"}
 
     @app.get("/metrics")
     async def prometheus_metrics():
         try:
             lifecycle = await frontend().lifecycle(timeout=5.0)
-        except (Refused, asyncio.TimeoutError):
+        except (RequestFailed, asyncio.TimeoutError):
             lifecycle = None  # the workers' gauges keep their last values
         body = metrics.render(len(frontend().states), lifecycle)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -235,10 +223,10 @@ def create_app(
     async def debug_lifecycle():
         try:
             return await frontend().lifecycle()
-        except Refused as refused:
-            return refused_response(refused)
+        except RequestFailed as failed:
+            return to_http(failed.error).response()
         except asyncio.TimeoutError:
-            return error_response(unavailable("a worker did not answer the state query"))
+            return to_http(unavailable("a worker did not answer the state query")).response()
 
     _describe_errors_as_openai(app)
     return app

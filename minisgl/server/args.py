@@ -1,74 +1,80 @@
 """Command-line arguments of `python -m minisgl`, parsed into one `ServerArgs`.
 
-The flag names are a fixed interface (see DESIGN.md): tests, notebooks and the chapter use
-them. Defaults are chosen for a laptop without a GPU running the embedded default model.
+Contract:
+- `ServerArgs` holds the server's own settings and contains the engine's configuration
+  (`EngineConfig`) and the scheduler's (`SchedulerConfig`) instead of copying their fields.
+  Every default is set once, where its field is defined; the parser reads it from there.
+- The flag names are a fixed interface: tests, notebooks and the chapter pass them, so none
+  is renamed or dropped. Each flag's dest is the name of the field it fills.
+- Defaults are chosen for a laptop without a GPU running the embedded default model.
+- Importing this module does not import torch (the API server process parses the flags).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 
 from minisgl.engine.config import EngineConfig
+from minisgl.models.default_model import DEFAULT_MODEL_NAME
+from minisgl.scheduler.config import SchedulerConfig, split_options
 
 
 @dataclass
 class ServerArgs:
-    model: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 1919
-    device: str = "auto"
-    dtype: str = "auto"
-    dummy_weights: bool = False
-    max_running_requests: int = 256
-    max_seq_len: int | None = None
-    page_size: int = 16
-    num_pages: int | None = None
-    max_prefill_tokens: int = 8192
-    attention_backend: str = "auto"
-    cuda_graph: bool = True
-    api_key: str | None = None
+    engine_config: EngineConfig = field(default_factory=EngineConfig)
+    scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    host: str = "127.0.0.1"  # this machine only: serving the network is asked for with --host
+    port: int = 1919  # the port the README's and the chapter's examples talk to
+    api_key: str | None = None  # no authentication; the command line reads $MINISGL_API_KEY
+    # requests in flight in the API server: bounds its memory and the queue in front of the
+    # scheduler (which runs --max-running-requests at once); past it clients get 503
     max_concurrent_requests: int = 1024
-    max_pending_bytes: int = 1 << 20  # 1 MiB of unread output per request
-    client_stall_timeout: float = 30.0  # seconds a streaming client may read nothing
-    max_body_bytes: int = 4 << 20  # larger request bodies are refused with 413
-    shutdown_timeout: float = 30.0  # SIGTERM: seconds in-flight requests may take to finish
-    shell: bool = False
+    # unread output per request: 1 MiB is far more than a reading client ever lags behind,
+    # and 1024 stalled requests then hold at most 1 GiB
+    max_pending_bytes: int = 1 << 20
+    # seconds a streaming client may read nothing while output waits: far past a live
+    # client's pause, short enough that a dead connection frees its slot soon
+    client_stall_timeout: float = 30.0
+    # larger request bodies are refused with 413; 4 MiB holds a long context's prompt as
+    # JSON several times over
+    max_body_bytes: int = 4 << 20
+    # SIGTERM: seconds in-flight requests may take to finish; 30 s is the grace period
+    # orchestrators usually give before they kill
+    shutdown_timeout: float = 30.0
+    shell: bool = False  # interactive chat in the terminal instead of an HTTP server
     prompt: str | None = None  # offline one-shot generation instead of a server
-    max_tokens: int | None = None  # for --prompt
-    log_level: str = "info"
-
-    def engine_config(self) -> EngineConfig:
-        names = {f.name for f in fields(EngineConfig)}
-        return EngineConfig(**{k: v for k, v in vars(self).items() if k in names})
+    max_tokens: int | None = None  # for --prompt and --shell; None: their own default
+    log_level: str = "info"  # start-up and shutdown lines; --shell lowers it to warning
 
 
 def build_parser() -> argparse.ArgumentParser:
     d = ServerArgs()
+    e, s = d.engine_config, d.scheduler_config
     p = argparse.ArgumentParser(
         prog="python -m minisgl",
         description="minisgl: an OpenAI-compatible LLM server (API server, tokenizer worker "
-        "and scheduler over ZMQ). Without --model it serves the embedded SmolLM2-135M-Instruct.",
+        f"and scheduler over ZMQ). Without --model it serves the embedded {DEFAULT_MODEL_NAME}.",
     )
     p.add_argument("--model", help="Hugging Face hub id or local model folder")
     p.add_argument("--host", default=d.host, help="address to bind (default: %(default)s)")
     p.add_argument("--port", type=int, default=d.port, help="port (default: %(default)s)")
-    p.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=e.device, choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default=e.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--dummy-weights", action="store_true", help="random weights, real shapes")
-    p.add_argument("--max-running-requests", type=int, default=d.max_running_requests)
+    p.add_argument("--max-running-requests", type=int, default=e.max_running_requests)
     p.add_argument("--max-seq-len", type=int, help="context length (default: the model's)")
-    p.add_argument("--page-size", type=int, default=d.page_size, help="tokens per KV page")
+    p.add_argument("--page-size", type=int, default=e.page_size, help="tokens per KV page")
     p.add_argument("--num-pages", type=int, help="KV pages (default: sized from free memory)")
     p.add_argument(
         "--max-prefill-tokens",
         type=int,
-        default=d.max_prefill_tokens,
+        default=s.max_prefill_tokens,
         help="prefill token budget per step; longer prompts are prefilled in chunks",
     )
     p.add_argument(
-        "--attention-backend", default=d.attention_backend, choices=["auto", "torch", "triton"]
+        "--attention-backend", default=e.attention_backend, choices=["auto", "torch", "triton"]
     )
     p.add_argument(
         "--disable-cuda-graph",
@@ -115,7 +121,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def parse_args(argv: list[str] | None = None) -> ServerArgs:
     ns = build_parser().parse_args(argv)
-    args = ServerArgs(**vars(ns))
     positive = (
         "page_size",
         "max_running_requests",
@@ -126,8 +131,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         "client_stall_timeout",
     )
     for name in positive:
-        if getattr(args, name) <= 0:
+        if getattr(ns, name) <= 0:
             build_parser().error(f"--{name.replace('_', '-')} must be positive")
-    if args.shutdown_timeout < 0:
+    if ns.shutdown_timeout < 0:
         build_parser().error("--shutdown-timeout must not be negative")
-    return args
+    engine, scheduler, server = split_options(vars(ns))
+    return ServerArgs(EngineConfig(**engine), SchedulerConfig(**scheduler), **server)

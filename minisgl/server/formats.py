@@ -6,7 +6,8 @@ name and what was already sent) and turns the frontend's coalesced `Output`s int
   role "assistant" in chat; a choice that ended gets a chunk with its finish_reason; an
   error after streaming began is one `data: {"error": ...}` event),
 - `usage_chunk(output)`: the last chunk asked for by `stream_options.include_usage`,
-- `body(...)`: the whole non-streaming response.
+- `body(...)`: the whole non-streaming response,
+- `error(error_info)`: the HTTP error answer on this endpoint (it names its prompt field).
 The shapes validate as the `openai` client's `ChatCompletion(Chunk)` and `Completion`.
 """
 
@@ -21,6 +22,7 @@ import msgspec
 from minisgl.message import ErrorInfo, TokenInfo
 
 from .buffer import ChoiceOutput, Output
+from .errors import HttpError, to_http
 
 _json = msgspec.json.Encoder()
 SSE_DONE = b"data: [DONE]\n\n"
@@ -29,17 +31,6 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse(payload: dict[str, Any]) -> bytes:
     """One server-sent event: `data: ...` and the blank line that ends it."""
     return b"data: " + _json.encode(payload) + b"\n\n"
-
-
-def error_body(error: ErrorInfo) -> dict[str, Any]:
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.type,
-            "param": error.param,
-            "code": error.code,
-        }
-    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -54,6 +45,7 @@ class _Format:
     object: str
     chunk_object: str
     id_prefix: str
+    prompt_param: str  # the request field that holds the prompt, named by prompt errors
 
     def __init__(self, model: str, n_choices: int = 1) -> None:
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
@@ -61,6 +53,10 @@ class _Format:
         self.model = model
         self.n_choices = n_choices
         self._started: set[int] = set()  # choices whose first chunk went out
+
+    def error(self, error: ErrorInfo) -> HttpError:
+        """The answer to a failed request on this endpoint."""
+        return to_http(error, self.prompt_param)
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -84,7 +80,7 @@ class _Format:
             if choice.finish_reason is not None and output.error is None:
                 out += sse(self._envelope(self.chunk_object, [self._end(choice)]))
         if output.error is not None:  # after the first byte an error can only be an event
-            out += sse(error_body(output.error))
+            out += sse(self.error(output.error).body())
         return out
 
     # --8<-- [end:chunks]
@@ -127,6 +123,7 @@ class ChatFormat(_Format):
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
+    prompt_param = "messages"
 
     def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
         delta: dict[str, str] = {"role": "assistant"} if first else {}
@@ -162,6 +159,7 @@ class CompletionFormat(_Format):
     object = "text_completion"
     chunk_object = "text_completion"  # OpenAI streams completions as the same object
     id_prefix = "cmpl-"
+    prompt_param = "prompt"
 
     def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
         if not choice.text and not choice.logprobs:

@@ -15,6 +15,10 @@ Contract:
   coalesced `Output`, yield it; it ends after the terminal output.
 - Sends are synchronous (they only queue a ZMQ frame), so a `finally` can send AbortMsg
   without awaiting, even in a task that is being cancelled.
+- The frontend decides how each request ended (finished, aborted by its client, aborted
+  as a slow client, or an error) and tells the metrics; a response marks the time it
+  spends in a send to the client with `state.sending()`, and `sweep_stalls` cancels a
+  request whose send stays blocked too long.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 
 import msgspec
@@ -32,37 +36,21 @@ import msgspec
 from minisgl.message import (
     AbortMsg,
     ErrorInfo,
+    ErrorKind,
     FrontendMsg,
     LifecycleQueryMsg,
     LifecycleStateMsg,
     TokenizeMsg,
     TokenizerMsg,
+    UserReply,
 )
 
 from .buffer import Output, ReplyBuffer
-from .metrics import ServerMetrics
+from .errors import RequestFailed, error_code
+from .metrics import Outcome, ServerMetrics
 from .middleware import request_id_var
 
 logger = logging.getLogger(__name__)
-
-
-class Refused(Exception):
-    """A request the frontend will not take on; answered with `error` (HTTP status in it)."""
-
-    def __init__(self, error: ErrorInfo, retry_after: int | None = None) -> None:
-        super().__init__(error.message)
-        self.error, self.retry_after = error, retry_after
-
-
-class BackendUnavailable(Refused):
-    """A worker process is gone: nothing can be served (HTTP 503)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(_server_error(message, "backend_unavailable"))
-
-
-def _server_error(message: str, code: str) -> ErrorInfo:
-    return ErrorInfo(message, status=503, code=code, type="server_error")
 
 
 @dataclass(eq=False)
@@ -79,6 +67,30 @@ class RequestState:
     stalled: bool = False
     created_at: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None  # arrival of the latest output token (metrics)
+
+    @contextmanager
+    def sending(self) -> Iterator[None]:
+        """Around one send to the client: if it stays blocked (the client reads nothing),
+        the stall sweeper cancels the task that is sending."""
+        self.task = asyncio.current_task()
+        self.sending_since = asyncio.get_running_loop().time()
+        try:
+            yield
+        finally:
+            self.sending_since = None
+
+    def outcome(self) -> tuple[Outcome, str]:
+        """How the request ended, for the metrics: the outcome and its error code."""
+        error = self.buffer.error
+        if error is not None and error.kind is ErrorKind.SLOW_CLIENT:
+            return Outcome.ABORTED_SLOW_CLIENT, ""
+        if error is not None:
+            return Outcome.ERROR, error_code(error) or "error"
+        if self.buffer.finished:
+            return Outcome.FINISHED, ""
+        if self.stalled:
+            return Outcome.ABORTED_SLOW_CLIENT, ""
+        return Outcome.ABORTED_CLIENT, ""
 
 
 class FrontendManager:
@@ -111,19 +123,17 @@ class FrontendManager:
         return state
 
     def check_admission(self) -> None:
-        """Raise Refused unless a new request may start now."""
+        """Raise RequestFailed unless a new request may start now."""
         if self.backend_error is not None:
-            raise BackendUnavailable(self.backend_error.message)
+            raise RequestFailed(self.backend_error)
         if self.draining:
-            error = _server_error("the server is shutting down", "shutting_down")
-            raise Refused(error, retry_after=5)
+            raise RequestFailed(ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
         if len(self.states) >= self.max_concurrent:
-            error = _server_error(
+            message = (
                 f"the server is at its limit of {self.max_concurrent} requests in flight; "
-                "retry shortly",
-                "overloaded",
+                "retry shortly"
             )
-            raise Refused(error, retry_after=1)
+            raise RequestFailed(ErrorInfo(ErrorKind.OVERLOADED, message))
 
     def send_one(self, msg: TokenizerMsg) -> None:
         self._send([msg])
@@ -150,10 +160,8 @@ class FrontendManager:
             del self.states[state.uid]
             if isinstance(exc, (msgspec.EncodeError, OverflowError, UnicodeEncodeError)):
                 # e.g. a lone surrogate in the text: the request is at fault
-                error = ErrorInfo(
-                    f"the request cannot be encoded: {exc}", 400, code="invalid_value"
-                )
-                raise Refused(error) from exc
+                message = f"the request cannot be encoded: {exc}"
+                raise RequestFailed(ErrorInfo(ErrorKind.UNENCODABLE_REQUEST, message)) from exc
             raise
         try:
             yield state
@@ -162,19 +170,14 @@ class FrontendManager:
             if not state.terminal:  # left early: the workers must drop this uid too
                 self.send_one(AbortMsg(state.uid))
             if self.metrics is not None:
-                self.metrics.on_request_end(state)
+                self.metrics.on_request_end(*state.outcome())
 
     # --8<-- [end:request_scope]
 
     # --8<-- [start:listen]
     async def listen(self) -> None:
         while True:
-            try:
-                msgs = await self._recv()
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                logger.exception("dropped an undecodable frame from the tokenizer worker")
-                continue
-            for msg in msgs:
+            for msg in await self._recv():
                 if isinstance(msg, LifecycleStateMsg):
                     if (fut := self._queries.get(msg.query_id)) and not fut.done():
                         fut.set_result(msg)
@@ -183,7 +186,7 @@ class FrontendManager:
                 if state is None or state.terminal:
                     continue  # a late reply: its request is gone or already ended
                 if self.metrics is not None:
-                    self.metrics.on_reply(state, msg)
+                    self._count_tokens(state, msg)
                 if state.buffer.append(msg):
                     state.event.set()
                 if msg.finished:
@@ -193,6 +196,18 @@ class FrontendManager:
 
     # --8<-- [end:listen]
 
+    def _count_tokens(self, state: RequestState, reply: UserReply) -> None:
+        new_tokens = reply.completion_tokens - state.buffer.choices[reply.index].tokens
+        if new_tokens <= 0:
+            return
+        now = time.monotonic()
+        if state.last_token_at is None:
+            self.metrics.on_first_token(now - state.created_at, reply.prompt_tokens)
+            self.metrics.on_tokens(new_tokens, gap=None)
+        else:
+            self.metrics.on_tokens(new_tokens, gap=(now - state.last_token_at) / new_tokens)
+        state.last_token_at = now
+
     def _fail_slow_client(self, state: RequestState) -> None:
         logger.warning(
             "request %s (uid %d): more than %d bytes of output wait unread: aborting it",
@@ -200,14 +215,11 @@ class FrontendManager:
             state.uid,
             self.max_pending_bytes,
         )
-        error = ErrorInfo(
+        message = (
             f"the client did not read the output fast enough (more than "
-            f"{self.max_pending_bytes} bytes waited); the request was aborted",
-            status=503,
-            code="slow_client",
-            type="server_error",
+            f"{self.max_pending_bytes} bytes waited); the request was aborted"
         )
-        self.end_with_error(state, error)
+        self.end_with_error(state, ErrorInfo(ErrorKind.SLOW_CLIENT, message))
 
     def end_with_error(self, state: RequestState, error: ErrorInfo) -> None:
         """End a live request here and now; the backend is told to drop it."""
@@ -252,7 +264,7 @@ class FrontendManager:
             state.event.set()
         for fut in self._queries.values():
             if not fut.done():
-                fut.set_exception(BackendUnavailable(error.message))
+                fut.set_exception(RequestFailed(error))
 
     def end_all(self, error: ErrorInfo) -> None:
         """End every in-flight request with `error` (shutdown); the backend drops them."""
@@ -283,11 +295,18 @@ class FrontendManager:
                 state.stalled = True
                 state.task.cancel()
 
+    async def sweep_stalls(self, timeout: float) -> None:
+        """Run for the server's life: check for stalled sends a few times per `timeout`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(0.25, timeout / 4))
+            self.check_stalls(loop.time(), timeout)
+
     async def lifecycle(self, timeout: float = 10.0) -> dict[str, dict[str, int]]:
         """Live per-uid state of all three processes, the workers' asked over ZMQ. The
         scheduler answers between two steps, so the wait covers one long prefill step."""
         if self.backend_error is not None:
-            raise BackendUnavailable(self.backend_error.message)
+            raise RequestFailed(self.backend_error)
         query_id = next(self._query_ids)
         fut: asyncio.Future[LifecycleStateMsg] = asyncio.get_running_loop().create_future()
         self._queries[query_id] = fut

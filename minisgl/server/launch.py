@@ -30,17 +30,18 @@ from pathlib import Path
 
 import uvicorn
 
-from minisgl.message import ErrorInfo, FrontendMsg, TokenizerMsg
+from minisgl.message import ErrorInfo, ErrorKind, FrontendMsg, TokenizerMsg
+from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.models.source import resolve_model_dir
 from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 
 from .args import ServerArgs
+from .errors import unavailable
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 STARTUP_TIMEOUT_S = 600.0
 FAILED_EXIT_DELAY_S = 2.0  # after a worker died: seconds of 503 answers before exiting
 
@@ -50,7 +51,7 @@ class WorkerStartError(RuntimeError):
 
 
 def served_model_name(args: ServerArgs) -> str:
-    return args.model or DEFAULT_MODEL_NAME
+    return args.engine_config.model or DEFAULT_MODEL_NAME
 
 
 def start_workers(
@@ -113,9 +114,10 @@ def stop_workers(procs: dict[str, BaseProcess], timeout: float = 5.0) -> None:
             proc.join()
 
 
-class Lifecycle:
+class Supervisor:
     """How the serving process ends: drained on SIGTERM, aborted on SIGINT, failed when a
-    worker dies. Owns the uvicorn server's exit flags and the launcher's exit status."""
+    worker dies. Owns the uvicorn server's exit flags and the launcher's exit status.
+    (Process shutdown only: each request's own lifecycle is the FrontendManager's.)"""
 
     def __init__(self, server: uvicorn.Server, app, shutdown_timeout: float) -> None:
         self.server, self.app, self.shutdown_timeout = server, app, shutdown_timeout
@@ -144,11 +146,7 @@ class Lifecycle:
         )
         if not await frontend.wait_idle(timeout):
             logger.warning("aborting %d request(s) still in flight", len(frontend.states))
-            frontend.end_all(
-                ErrorInfo(
-                    "the server is shutting down", 503, code="shutting_down", type="server_error"
-                )
-            )
+            frontend.end_all(ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
             await frontend.wait_idle(2.0)  # let their error replies reach the clients
         self.server.should_exit = True
 
@@ -164,9 +162,7 @@ class Lifecycle:
             proc.join(timeout=1.0)  # reap it, so that its exit code is known
             message = f"the {name} process died (exit code {proc.exitcode}); the server stops"
             logger.error(message)
-            self.frontend.fail_all(
-                ErrorInfo(message, 503, code="backend_unavailable", type="server_error")
-            )
+            self.frontend.fail_all(unavailable(message))
             self.exit_code = 1
             self.stopping = True
             loop.create_task(self._exit_after_errors_sent())
@@ -185,7 +181,7 @@ class Lifecycle:
 
 
 class _Server(uvicorn.Server):
-    lifecycle: Lifecycle
+    supervisor: Supervisor
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -193,7 +189,7 @@ class _Server(uvicorn.Server):
         # process before the workers are stopped and the IPC directory is removed
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.lifecycle.on_signal, sig)
+            loop.add_signal_handler(sig, self.supervisor.on_signal, sig)
         try:
             yield
         finally:
@@ -204,7 +200,7 @@ class _Server(uvicorn.Server):
 @contextlib.contextmanager
 def running_workers(args: ServerArgs) -> Iterator[tuple[IpcChannels, dict[str, BaseProcess]]]:
     """Both workers started and ready; on leaving, both stopped and the IPC dir removed."""
-    model_dir = resolve_model_dir(args.model)
+    model_dir = resolve_model_dir(args.engine_config.model)
     channels = IpcChannels.create()
     procs: dict[str, BaseProcess] = {}
     try:
@@ -235,12 +231,12 @@ def launch_server(args: ServerArgs) -> int:
 
     try:
         with running_workers(args) as (channels, procs):
-            lifecycle: Lifecycle | None = None
+            supervisor: Supervisor | None = None
             app = create_app(
                 args,
                 served_model_name(args),
                 lambda metrics: connect_frontend(channels, args, metrics),
-                lambda frontend: lifecycle.watch_workers(procs),
+                lambda frontend: supervisor.watch_workers(procs),
             )
             config = uvicorn.Config(
                 app,
@@ -250,10 +246,10 @@ def launch_server(args: ServerArgs) -> int:
                 timeout_graceful_shutdown=3,  # after our own drain only idle connections remain
             )
             server = _Server(config)
-            lifecycle = server.lifecycle = Lifecycle(server, app, args.shutdown_timeout)
+            supervisor = server.supervisor = Supervisor(server, app, args.shutdown_timeout)
             logger.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
             server.run()
-            return lifecycle.exit_code
+            return supervisor.exit_code
     except WorkerStartError as exc:
         logger.error("%s", exc)
         return 1

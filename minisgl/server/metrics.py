@@ -1,30 +1,31 @@
 """Prometheus metrics of the API server (`GET /metrics`).
 
-Contract: one `ServerMetrics` per app, on its own registry (no global state). The frontend
-calls `on_reply` for every reply it accepts (token timing), `on_request_end` when a
-request's scope closes (its outcome), and the HTTP layer calls `on_rejected` for requests
-refused before they reached the backend. Gauges of the workers (running, pending, KV pages)
-are read at scrape time from the same state query that serves /debug/lifecycle.
-
-Outcomes: finished, aborted_client (disconnect or early exit), aborted_slow_client (output
-cap or stall), error (with the OpenAI error code).
+Contract: one `ServerMetrics` per app, on its own registry (no global state). It only
+counts what it is told; it reads no request state. The FrontendManager reports tokens as
+they arrive (`on_first_token`, `on_tokens`) and, when a request's scope closes, the
+`Outcome` it decided with its error code (`on_request_end`); the HTTP layer reports
+requests refused before they reached the backend (`on_rejected`). Gauges of the workers
+(running, pending, KV pages) are read at scrape time from the same state query that serves
+/debug/lifecycle.
 """
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
+import enum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from minisgl.message import UserReply
-
-if TYPE_CHECKING:
-    from .frontend import RequestState
-
-SLOW_CLIENT = "slow_client"
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class Outcome(enum.Enum):
+    """How a request that reached the backend ended (the `outcome` label)."""
+
+    FINISHED = "finished"
+    ABORTED_CLIENT = "aborted_client"  # disconnect or early exit
+    ABORTED_SLOW_CLIENT = "aborted_slow_client"  # output cap or stalled send
+    ERROR = "error"  # with the OpenAI error code as the `code` label
 
 
 class ServerMetrics:
@@ -63,33 +64,19 @@ class ServerMetrics:
         self.kv_pages_total = Gauge("minisgl_kv_pages_total", "KV cache pages", registry=r)
 
     # ------------------------------------------------------------ events
-    def on_reply(self, state: RequestState, reply: UserReply) -> None:
-        new_tokens = reply.completion_tokens - state.buffer.choices[reply.index].tokens
-        if new_tokens <= 0:
-            return
-        now = time.monotonic()
-        if state.last_token_at is None:
-            self.ttft.observe(now - state.created_at)
-            self.prompt_tokens.inc(reply.prompt_tokens)
-        else:
-            gap = (now - state.last_token_at) / new_tokens
-            for _ in range(new_tokens):
-                self.itl.observe(gap)
-        state.last_token_at = now
-        self.generation_tokens.inc(new_tokens)
+    def on_first_token(self, ttft: float, prompt_tokens: int) -> None:
+        self.ttft.observe(ttft)
+        self.prompt_tokens.inc(prompt_tokens)
 
-    def on_request_end(self, state: RequestState) -> None:
-        buffer = state.buffer
-        if buffer.error is not None:
-            code = buffer.error.code or "error"
-            outcome = "aborted_slow_client" if code == SLOW_CLIENT else "error"
-            self.requests.labels(outcome, code if outcome == "error" else "").inc()
-        elif buffer.finished:
-            self.requests.labels("finished", "").inc()
-        elif state.stalled:
-            self.requests.labels("aborted_slow_client", "").inc()
-        else:
-            self.requests.labels("aborted_client", "").inc()
+    def on_tokens(self, n: int, gap: float | None) -> None:
+        """`n` new output tokens; `gap`: seconds per token since the previous ones."""
+        if gap is not None:
+            for _ in range(n):
+                self.itl.observe(gap)
+        self.generation_tokens.inc(n)
+
+    def on_request_end(self, outcome: Outcome, code: str = "") -> None:
+        self.requests.labels(outcome.value, code).inc()
 
     def on_rejected(self, code: str) -> None:
         self.requests.labels("error", code).inc()

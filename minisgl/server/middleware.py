@@ -20,32 +20,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from starlette.exceptions import HTTPException
+
+from .errors import HttpError
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
-
-
-async def _send_error(send, status: int, message: str, code: str, headers=()) -> None:
-    body = msgspec.json.encode(
-        {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": code,
-            }
-        }
-    )
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), *headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 def _header(scope: dict[str, Any], name: bytes) -> bytes | None:
@@ -94,13 +74,10 @@ class ApiKeyMiddleware:
             given = _header(scope, b"authorization") or b""
             if not hmac.compare_digest(given, self.expected):  # constant time
                 self.on_reject("invalid_api_key")
-                return await _send_error(
-                    send,
-                    401,
-                    "missing or wrong API key: send 'Authorization: Bearer <key>'",
-                    "invalid_api_key",
-                    headers=[(b"www-authenticate", b"Bearer")],
-                )
+                message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+                error = HttpError(401, message, code="invalid_api_key")
+                response = error.response(headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
 
@@ -118,17 +95,17 @@ class BodyLimitMiddleware:
         self.max_bytes = max_bytes
         self.on_reject = on_reject
 
-    async def _too_large(self, send) -> None:
+    async def _too_large(self, scope, receive, send) -> None:
         self.on_reject("body_too_large")
-        error = BodyTooLarge(self.max_bytes)
-        await _send_error(send, 413, str(error.detail), "body_too_large")
+        message = str(BodyTooLarge(self.max_bytes).detail)
+        await HttpError(413, message, code="body_too_large").response()(scope, receive, send)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._too_large(send)
+            return await self._too_large(scope, receive, send)
         received = 0
         started = False
 
@@ -150,4 +127,4 @@ class BodyLimitMiddleware:
             await self.app(scope, counting_receive, tracking_send)
         except BodyTooLarge:
             if not started:
-                await self._too_large(send)
+                await self._too_large(scope, receive, send)

@@ -9,9 +9,10 @@ the first byte) cancels the serving task, so the scope exits early and sends Abo
   are a JSON error body with a real HTTP status, also for `stream: true`: the stream waits
   for the first output before it sends its headers.
 - An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`.
-- While a chunk is being sent, `state.sending_since` is set; the stall sweeper cancels a
-  request whose send has blocked longer than `--client-stall-timeout` (the client reads
-  nothing while output waits). The connection is then closed without a final chunk.
+- Every send of output to the client runs inside `state.sending()`; the stall sweeper
+  cancels a request whose send has blocked longer than `--client-stall-timeout` (the
+  client reads nothing while output waits). The connection is then closed without a final
+  chunk.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from starlette.responses import Response
 
 from minisgl.message import ErrorInfo, TokenInfo, TokenizeMsg
 
-from .formats import SSE_DONE, ChatFormat, CompletionFormat, error_body
-from .frontend import FrontendManager, Refused
+from .errors import RequestFailed, json_response
+from .formats import SSE_DONE, ChatFormat, CompletionFormat
+from .frontend import FrontendManager
 
 logger = logging.getLogger(__name__)
 
@@ -41,22 +42,6 @@ _SSE_HEADERS = [
     (b"cache-control", b"no-cache"),
     (b"x-accel-buffering", b"no"),  # tell reverse proxies not to buffer the stream
 ]
-
-
-async def send_json(send: Send, status: int, body: dict[str, Any], headers=()) -> None:
-    data = msgspec.json.encode(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", b"application/json"), *headers],
-        }
-    )
-    await send({"type": "http.response.body", "body": data, "more_body": False})
-
-
-def unavailable(message: str) -> ErrorInfo:
-    return ErrorInfo(message, status=503, code="backend_unavailable", type="server_error")
 
 
 async def _wait_for_disconnect(receive: Receive) -> None:
@@ -107,6 +92,7 @@ class _CompletionResponse(Response):
         self.background = None
 
     async def __call__(self, scope, receive: Receive, send: Send) -> None:
+        self.scope, self.receive = scope, receive
         disconnected = await serve_until_disconnect(self._serve_or_refuse(send), receive)
         if disconnected and self.frontend.metrics is not None:
             self.frontend.metrics.on_disconnect()
@@ -114,13 +100,18 @@ class _CompletionResponse(Response):
     async def _serve_or_refuse(self, send: Send) -> None:
         try:
             await self.serve(send)
-        except Refused as refused:
+        except RequestFailed as refused:  # before the request reached the backend
+            answer = self.job.fmt.error(refused.error)
             if self.frontend.metrics is not None:
-                self.frontend.metrics.on_rejected(refused.error.code or "refused")
-            headers = []
-            if refused.retry_after is not None:
-                headers.append((b"retry-after", str(refused.retry_after).encode()))
-            await send_json(send, refused.error.status, error_body(refused.error), headers)
+                self.frontend.metrics.on_rejected(answer.code or "refused")
+            await self.send_response(send, answer.response())
+
+    async def send_error(self, send: Send, error: ErrorInfo) -> None:
+        """An error known before the first byte: a JSON body with a real HTTP status."""
+        await self.send_response(send, self.job.fmt.error(error).response())
+
+    async def send_response(self, send: Send, response: Response) -> None:
+        await response(self.scope, self.receive, send)
 
     async def serve(self, send: Send) -> None:
         raise NotImplementedError
@@ -143,7 +134,7 @@ class FullResponse(_CompletionResponse):
                         logprobs[c.index] += c.logprobs
                         finish[c.index] = c.finish_reason or finish[c.index]
             if out.error is not None:
-                await send_json(send, out.error.status, error_body(out.error))
+                await self.send_error(send, out.error)
                 return
             body = job.fmt.body(
                 ["".join(t) for t in texts],
@@ -152,10 +143,8 @@ class FullResponse(_CompletionResponse):
                 out.prompt_tokens,
                 out.completion_tokens,
             )
-            for state in states:  # a client that never reads this body is a stall too
-                state.task = asyncio.current_task()
-            states[0].sending_since = asyncio.get_running_loop().time()
-            await send_json(send, 200, body)
+            with states[0].sending():  # a client that never reads this body is a stall too
+                await self.send_response(send, json_response(200, body))
 
 
 class StreamResponse(_CompletionResponse):
@@ -163,14 +152,12 @@ class StreamResponse(_CompletionResponse):
 
     # --8<-- [start:stream_serve]
     async def serve(self, send: Send) -> None:
-        loop, job = asyncio.get_running_loop(), self.job
+        job = self.job
         async with self.frontend.requests(job.make_msgs, job.n) as states:
-            for state in states:
-                state.task = asyncio.current_task()
             async with aclosing(self.frontend.wait_for_ack(*states)) as outputs:
                 out = await anext(outputs)
                 if out.error is not None:  # nothing sent yet: a real HTTP status
-                    await send_json(send, out.error.status, error_body(out.error))
+                    await self.send_error(send, out.error)
                     return
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
                 while True:
@@ -179,11 +166,9 @@ class StreamResponse(_CompletionResponse):
                         if job.include_usage and out.error is None:
                             body += job.fmt.usage_chunk(out)
                         body += SSE_DONE
-                    states[0].sending_since = loop.time()
-                    await send(
-                        {"type": "http.response.body", "body": body, "more_body": not out.finished}
-                    )
-                    states[0].sending_since = None
+                    with states[0].sending():
+                        more = not out.finished
+                        await send({"type": "http.response.body", "body": body, "more_body": more})
                     if out.finished:
                         return
                     out = await anext(outputs)

@@ -30,6 +30,7 @@ from minisgl.message import (
     BackendMsg,
     DetokenizeMsg,
     ErrorInfo,
+    ErrorKind,
     FrontendMsg,
     LifecycleQueryMsg,
     LifecycleStateMsg,
@@ -101,7 +102,7 @@ class TokenizerWorker:
                 ids = build_prompt_ids(self.tokenizer, prompt)
         except Exception as exc:  # a template or tokenizer error is the request's, not ours
             logger.info("uid %d: cannot tokenize: %s", msg.uid, exc)
-            error = ErrorInfo(f"cannot tokenize the prompt: {exc}", 400, param="messages")
+            error = ErrorInfo(ErrorKind.INVALID_PROMPT, f"cannot tokenize the prompt: {exc}")
             to_frontend.append(UserReply(msg.uid, finished=True, error=error))
             return []
         # the decode state is created here, with the prompt, never by a first token
@@ -176,13 +177,12 @@ class TokenizerWorker:
         if state is None:
             return []  # already aborted: the API server has forgotten this uid
         self.detokenize_manager.remove(msg.uid)
-        error = ErrorInfo(msg.message, msg.status, msg.code, msg.param)
         generated = sum(c.tokens for c in state.choices)
         return [
             UserReply(
                 msg.uid,
                 finished=True,
-                error=error,
+                error=msg.error,
                 prompt_tokens=state.prompt_tokens,
                 completion_tokens=generated,
             )

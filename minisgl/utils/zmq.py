@@ -9,22 +9,28 @@ Contract:
 - Sends never block the caller: the high-water marks are unlimited (admission control
   bounds how much can be in flight) and a send only queues the frame for ZMQ's I/O thread,
   so a send is safe inside `finally` blocks and cleanup paths.
+- A frame that does not decode (a bug, or a stray sender) costs only itself: it is logged
+  and dropped, and every good frame received with it is still delivered, so no terminal
+  reply is ever lost with it.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from minisgl.message import Codec
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,24 @@ def _socket(ctx: zmq.Context, kind: int) -> zmq.Socket:
     return sock
 
 
+def _decode_into(msgs: list[T], codec: Codec[T], frame: bytes, inbox: str) -> None:
+    """Append the messages of `frame` to `msgs`; a frame that does not decode is dropped."""
+    try:
+        msgs += codec.decode(frame)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        logger.exception("dropped an undecodable frame (%d bytes) at %s", len(frame), inbox)
+
+
+def _take_waiting(msgs: list[T], sock: zmq.Socket, codec: Codec[T], inbox: str) -> None:
+    """Decode every frame already waiting on `sock` into `msgs`, without blocking."""
+    while True:
+        try:
+            frame = sock.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        _decode_into(msgs, codec, frame, inbox)
+
+
 class PushQueue(Generic[T]):
     """Sends lists of messages to one neighbour's inbox."""
 
@@ -79,18 +103,15 @@ class PullQueue(Generic[T]):
     def __init__(self, addr: str, union: Any, ctx: zmq.Context | None = None) -> None:
         self._sock = _socket(ctx or zmq.Context.instance(), zmq.PULL)
         self._sock.bind(addr)
+        self._addr = addr
         self._codec: Codec[T] = Codec(union)
 
     def get(self, timeout_ms: int | None) -> list[T]:
-        """Everything waiting; when nothing is, wait up to `timeout_ms` (None: forever)."""
+        """Everything waiting; when nothing is, wait up to `timeout_ms` (None: forever).
+        May return [] before the timeout when only undecodable frames arrived."""
         msgs: list[T] = []
         if self._sock.poll(timeout_ms):
-            while True:
-                try:
-                    frame = self._sock.recv(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                msgs += self._codec.decode(frame)
+            _take_waiting(msgs, self._sock, self._codec, self._addr)
         return msgs
 
     def close(self) -> None:
@@ -104,18 +125,18 @@ class AsyncPullQueue(Generic[T]):
         self._sock = _socket(zmq.asyncio.Context.instance(), zmq.PULL)
         self._sock.bind(addr)
         self._drain = zmq.Socket.shadow(self._sock.underlying)  # the same socket, sync calls
+        self._addr = addr
         self._codec: Codec[T] = Codec(union)
 
     async def get(self) -> list[T]:
-        """Wait for one frame, then take every frame already waiting without awaiting again
-        (one future per frame costs more than the decode under a stream of replies)."""
-        msgs = self._codec.decode(await self._sock.recv())
-        while True:
-            try:
-                frame = self._drain.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return msgs
-            msgs += self._codec.decode(frame)
+        """Wait for a frame, then take every frame already waiting without awaiting again
+        (one future per frame costs more than the decode under a stream of replies).
+        Returns at least one message: frames that held none are waited past."""
+        msgs: list[T] = []
+        while not msgs:
+            _decode_into(msgs, self._codec, await self._sock.recv(), self._addr)
+            _take_waiting(msgs, self._drain, self._codec, self._addr)
+        return msgs
 
     def close(self) -> None:
         self._sock.close()

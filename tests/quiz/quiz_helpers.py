@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 import httpx
-from minisgl.testing.fakes import FakeBackend
 
 from minisgl.message import LifecycleStateMsg, TokenizeMsg, UserReply
 from minisgl.server.api_server import create_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.frontend import FrontendManager
+from minisgl.testing.fakes import FakeBackend
 
 MODEL = "quiz-model"
 

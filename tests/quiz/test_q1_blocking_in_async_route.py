@@ -18,9 +18,10 @@ import threading
 
 import httpx
 import pytest
-from minisgl.testing.fakes import make_frontend, wait_until
 from fastapi import FastAPI
 from quiz_helpers import answer, answer_queries, app_client, chat_body
+
+from minisgl.testing.fakes import make_frontend, wait_until
 
 pytestmark = pytest.mark.q1
 

@@ -12,12 +12,12 @@
 from __future__ import annotations
 
 import pytest
-from minisgl.testing.fakes import make_frontend, wait_until
 from fastapi.routing import APIRoute
 from quiz_helpers import MODEL, answer, app_client, app_for, chat_body
 
 from minisgl.server.protocol import ChatCompletionRequest
 from minisgl.server.response import FullResponse, StreamResponse
+from minisgl.testing.fakes import make_frontend, wait_until
 
 pytestmark = pytest.mark.q2
 

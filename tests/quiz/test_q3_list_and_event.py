@@ -18,12 +18,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from minisgl.testing.fakes import FakeBackend, listening, settle
 from naive import EventOnlyManager, ListOnlyManager
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.frontend import FrontendManager
+from minisgl.testing.fakes import FakeBackend, listening, settle
 
 pytestmark = pytest.mark.q3
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from minisgl.testing.fakes import listening, make_frontend, settle
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.frontend import FrontendManager
+from minisgl.testing.fakes import listening, make_frontend, settle
 
 pytestmark = pytest.mark.q5
 

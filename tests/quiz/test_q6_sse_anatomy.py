@@ -20,11 +20,11 @@ import asyncio
 import json
 
 import pytest
-from minisgl.testing.fakes import make_frontend, wait_until
 from openai.types.chat import ChatCompletionChunk
 from quiz_helpers import MODEL, app_client, chat_body, sse_payloads
 
 from minisgl.message import UserReply
+from minisgl.testing.fakes import make_frontend, wait_until
 
 pytestmark = pytest.mark.q6
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from minisgl.testing.fakes import FakeBackend, listening, make_frontend, settle
 from naive import RefStyleManager
 
 from minisgl.core import SamplingParams
-from minisgl.message import ErrorInfo, TokenizeMsg, UserReply
+from minisgl.message import ErrorInfo, ErrorKind, TokenizeMsg, UserReply
+from minisgl.testing.fakes import FakeBackend, listening, make_frontend, settle
 
 pytestmark = pytest.mark.q7
 
@@ -135,7 +135,7 @@ async def test_ours_an_exception_in_the_consumer_removes_state_and_sends_abort()
 
 async def test_ours_an_error_reply_ends_the_request_without_abort():
     frontend, backend = make_frontend()
-    too_long = ErrorInfo("the prompt is too long", 400, code="context_length_exceeded")
+    too_long = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "the prompt is too long")
     async with listening(frontend):
         async with frontend.request(make_msg) as state:
             backend.inject(UserReply(state.uid, finished=True, error=too_long))

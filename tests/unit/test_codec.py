@@ -12,6 +12,8 @@ from minisgl.message import (
     BackendMsg,
     Codec,
     DetokenizeMsg,
+    ErrorInfo,
+    ErrorKind,
     TokenizerMsg,
     UserMsg,
     pack_ids,
@@ -38,7 +40,8 @@ def test_token_ids_travel_as_four_bytes_each() -> None:
 
 
 def test_a_message_of_another_channel_is_refused() -> None:
-    data = Codec(TokenizerMsg).encode([DetokenizeMsg(1, 2, "stop"), BackendErrorMsg(3, "bad")])
-    assert len(Codec(TokenizerMsg).decode(data)) == 2
+    msgs = [DetokenizeMsg(1, 2, "stop"), BackendErrorMsg(3, ErrorInfo(ErrorKind.INTERNAL, "bad"))]
+    data = Codec(TokenizerMsg).encode(msgs)
+    assert Codec(TokenizerMsg).decode(data) == msgs
     with pytest.raises(msgspec.ValidationError):
         Codec(BackendMsg).decode(data)

@@ -3,7 +3,7 @@
 A FakeBackend records what the frontend sends (TokenizeMsg, AbortMsg, LifecycleQueryMsg)
 and feeds `listen()` whatever UserReply batches a test injects, in any order. Every test
 ends by checking that no per-uid state is left and that AbortMsg went out exactly when a
-request was left before its terminal reply (DESIGN.md, "The lifecycle contract").
+request was left before its terminal reply (chapters/architecture.md, 生命周期约定).
 """
 
 from __future__ import annotations
@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from minisgl.testing.fakes import listening, make_frontend, settle
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minisgl.core import SamplingParams
-from minisgl.message import ErrorInfo, LifecycleStateMsg, TokenizeMsg, UserReply
-from minisgl.server.frontend import BackendUnavailable, FrontendManager, Output
+from minisgl.message import ErrorInfo, ErrorKind, LifecycleStateMsg, TokenizeMsg, UserReply
+from minisgl.server.errors import RequestFailed, to_http
+from minisgl.server.frontend import FrontendManager, Output
+from minisgl.testing.fakes import listening, make_frontend, settle
 
 ZERO = {"requests": 0, "pending_bytes": 0}
 
@@ -331,8 +332,10 @@ async def test_past_max_pending_bytes_the_request_ends_with_slow_client_and_abor
 
             outs = [o async for o in frontend.wait_for_ack(state)]
             assert len(outs) == 1 and outs[0].finished
-            assert outs[0].error is not None and outs[0].error.code == "slow_client"
-            assert outs[0].error.status == 503 and "more" not in outs[0].text
+            assert outs[0].error is not None and outs[0].error.kind is ErrorKind.SLOW_CLIENT
+            answer = to_http(outs[0].error)
+            assert answer.code == "slow_client" and answer.status == 503
+            assert "more" not in outs[0].text
         assert backend.aborts() == [uid]  # the scope exit sends no second AbortMsg
         assert frontend.states == {} and frontend.state() == ZERO
 
@@ -373,7 +376,7 @@ async def test_fail_all_ends_every_live_request_promptly_and_refuses_new_ones(fb
     query = asyncio.create_task(frontend.lifecycle(timeout=5))
     await settle()
 
-    error = ErrorInfo("the scheduler died", 503, code="backend_unavailable", type="server_error")
+    error = ErrorInfo(ErrorKind.BACKEND_UNAVAILABLE, "the scheduler died")
     frontend.fail_all(error)
     gate.set()
     await settle()
@@ -381,15 +384,15 @@ async def test_fail_all_ends_every_live_request_promptly_and_refuses_new_ones(fb
     for seq in outs.values():
         assert seq[-1].finished and seq[-1].error == error
     assert outs["pending"][-1].text == "y"
-    with pytest.raises(BackendUnavailable):
+    with pytest.raises(RequestFailed, match="the scheduler died"):
         await query
     assert frontend.states == {} and backend.aborts() == []
 
     n_tokenized = len(backend.tokenized())
-    with pytest.raises(BackendUnavailable):
+    with pytest.raises(RequestFailed, match="the scheduler died"):
         async with frontend.request(prompt("new")):
             pass
-    with pytest.raises(BackendUnavailable):
+    with pytest.raises(RequestFailed, match="the scheduler died"):
         await frontend.lifecycle(timeout=0.1)
     assert len(backend.tokenized()) == n_tokenized and frontend.states == {}
 

@@ -18,22 +18,19 @@ import httpx
 import msgspec
 import pytest
 import uvicorn
-from minisgl.testing.fakes import FakeBackend, make_frontend, wait_until
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from minisgl.message import ErrorInfo, LifecycleStateMsg, TokenizeMsg, UserReply
+from minisgl.message import ErrorInfo, ErrorKind, LifecycleStateMsg, TokenizeMsg, UserReply
 from minisgl.server.api_server import create_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.frontend import FrontendManager
+from minisgl.testing.fakes import FakeBackend, make_frontend, wait_until
 
 MODEL = "test-model"
 PIECES = ["Hello", ", ", "鲸鱼 🐳", "!"]
 PROMPT_TOKENS = 11
 TOO_LONG = ErrorInfo(
-    "the prompt has 9000 tokens; this model's context is 2048",
-    400,
-    code="context_length_exceeded",
-    param="messages",
+    ErrorKind.CONTEXT_LENGTH_EXCEEDED, "the prompt has 9000 tokens; this model's context is 2048"
 )
 
 
@@ -190,7 +187,7 @@ async def test_an_error_before_the_first_token_is_a_real_http_status(stream):
 
 async def test_an_error_after_streaming_began_is_an_error_event_then_done():
     frontend, backend = make_frontend()
-    boom = ErrorInfo("the tokenizer failed", 500, code="internal_error", type="server_error")
+    boom = ErrorInfo(ErrorKind.INTERNAL, "the tokenizer failed")
     script(backend, ["partial"], end=UserReply(0, finished=True, error=boom))
     async with serving(frontend) as client:
         async with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as resp:
@@ -233,7 +230,7 @@ async def test_a_dead_backend_answers_503_on_health_and_on_new_requests():
     frontend, backend = make_frontend()
     async with serving(frontend) as client:
         assert (await client.get("/health")).status_code == 200
-        frontend.fail_all(ErrorInfo("the scheduler died", 503, code="backend_unavailable"))
+        frontend.fail_all(ErrorInfo(ErrorKind.BACKEND_UNAVAILABLE, "the scheduler died"))
         health = await client.get("/health")
         resp = await client.post("/v1/chat/completions", json=chat(stream=True))
     assert health.status_code == 503 and resp.status_code == 503

@@ -1,10 +1,13 @@
-"""The offline API: results per prompt, errors as results, early exit leaves nothing behind."""
+"""The offline API: results per prompt, errors as results, early exit leaves nothing behind;
+configurations given whole or as keyword options."""
 
 from __future__ import annotations
 
 import pytest
 
 from minisgl import LLM, SamplingParams
+from minisgl.engine.config import EngineConfig
+from minisgl.scheduler.config import SchedulerConfig
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +58,21 @@ def test_sampling_params_per_prompt(llm) -> None:
     assert [len(o.token_ids) for o in outs] == [2, 5]
     with pytest.raises(ValueError, match="2 sampling params for 3 prompts"):
         llm.generate([[1], [2], [3]], [SamplingParams(), SamplingParams()])
+
+
+def test_configurations_are_taken_as_they_are_and_options_override_them(tiny_dirs) -> None:
+    engine = EngineConfig(model=str(tiny_dirs["llama"]), device="cpu", max_seq_len=128)
+    llm = LLM(
+        engine_config=engine, scheduler_config=SchedulerConfig(max_prefill_tokens=5), page_size=4
+    )
+    assert llm.engine.page_size == 4 and llm.engine.max_seq_len == 128
+    assert llm.scheduler.config == SchedulerConfig(max_prefill_tokens=5)
+    assert engine.page_size == EngineConfig().page_size  # the caller's config is not changed
+    (out,) = llm.generate([[5, 6, 7, 8, 9, 10, 11]], SamplingParams(max_tokens=2, ignore_eos=True))
+    assert len(out.token_ids) == 2  # with a 5-token budget: prefilled in two chunks
+    assert _idle(llm)
+
+
+def test_an_option_no_configuration_has_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="max_prefill_token"):
+        LLM(device="cpu", max_prefill_token=8)

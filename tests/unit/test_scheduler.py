@@ -12,11 +12,13 @@ from minisgl.message import (
     AbortBackendMsg,
     BackendErrorMsg,
     DetokenizeMsg,
+    ErrorKind,
     SchedulerStateMsg,
     StateQueryMsg,
     UserMsg,
 )
 from minisgl.scheduler import Scheduler
+from minisgl.scheduler.config import SchedulerConfig
 
 ZERO = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
 
@@ -37,7 +39,7 @@ def engine(tiny_dirs) -> Engine:
 @pytest.fixture
 def sched(engine) -> Scheduler:
     # a fresh scheduler over the shared engine: all managers start empty
-    return Scheduler(engine, max_prefill_tokens=8)
+    return Scheduler(engine, SchedulerConfig(max_prefill_tokens=8))
 
 
 def _user(uid: int, n: int, **params) -> UserMsg:
@@ -60,8 +62,8 @@ def _run_until_idle(sched: Scheduler, limit: int = 500) -> list:
 def test_over_long_prompt_is_an_error_reply_not_silence(sched) -> None:
     (reply,) = sched.process_msg(_user(1, 64))
     assert isinstance(reply, BackendErrorMsg) and reply.uid == 1
-    assert reply.code == "context_length_exceeded" and reply.status == 400
-    assert "64 tokens" in reply.message
+    assert reply.error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED and reply.error.field is None
+    assert "64 tokens" in reply.error.message
     assert _live(sched) == ZERO
 
 
@@ -77,15 +79,18 @@ def test_over_long_prompt_is_an_error_reply_not_silence(sched) -> None:
 )
 def test_bad_sampling_values_are_error_replies(sched, params, param) -> None:
     (reply,) = sched.process_msg(_user(2, 5, **params))
-    assert isinstance(reply, BackendErrorMsg) and reply.param == param
+    assert isinstance(reply, BackendErrorMsg) and reply.error.field == param
+    assert reply.error.kind is ErrorKind.INVALID_SAMPLING_VALUE
     assert _live(sched) == ZERO
 
 
 def test_empty_prompt_and_bad_token_ids_are_error_replies(sched) -> None:
     (empty,) = sched.process_msg(UserMsg.make(3, [], SamplingParams()))
     (bad,) = sched.process_msg(UserMsg.make(4, [5, 10**6], SamplingParams()))
-    assert isinstance(empty, BackendErrorMsg) and "empty" in empty.message
-    assert isinstance(bad, BackendErrorMsg) and "token ids" in bad.message
+    assert isinstance(empty, BackendErrorMsg) and "empty" in empty.error.message
+    assert empty.error.kind is ErrorKind.EMPTY_PROMPT
+    assert isinstance(bad, BackendErrorMsg) and "token ids" in bad.error.message
+    assert bad.error.kind is ErrorKind.INVALID_TOKEN_ID and bad.error.field is None
     assert _live(sched) == ZERO
 
 

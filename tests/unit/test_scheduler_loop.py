@@ -15,12 +15,14 @@ from minisgl.message import (
     AbortBackendMsg,
     BackendErrorMsg,
     DetokenizeMsg,
+    ErrorKind,
     ExitMsg,
     SchedulerStateMsg,
     StateQueryMsg,
     UserMsg,
 )
 from minisgl.scheduler import Scheduler
+from minisgl.scheduler.config import SchedulerConfig
 
 ZERO = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
 MAX_SEQ_LEN = 64
@@ -41,7 +43,7 @@ def engine(tiny_dirs) -> Engine:
 
 @pytest.fixture
 def sched(engine) -> Scheduler:
-    return Scheduler(engine, max_prefill_tokens=8)
+    return Scheduler(engine, SchedulerConfig(max_prefill_tokens=8))
 
 
 @dataclass
@@ -145,7 +147,7 @@ def test_an_over_long_prompt_mid_batch_errors_alone_and_the_others_complete(sche
 
     (error,) = io.sent_for(2)
     assert isinstance(error, BackendErrorMsg)
-    assert error.code == "context_length_exceeded" and error.status == 400
+    assert error.error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED
     for uid, n in ((1, 4), (3, 3)):
         replies = io.sent_for(uid)
         assert all(isinstance(m, DetokenizeMsg) for m in replies)

@@ -14,6 +14,8 @@ from minisgl.message import (
     AbortMsg,
     BackendErrorMsg,
     DetokenizeMsg,
+    ErrorInfo,
+    ErrorKind,
     LifecycleQueryMsg,
     LifecycleStateMsg,
     SchedulerStateMsg,
@@ -131,7 +133,7 @@ def _assert_single_400_error(rec: Recorder, worker: TokenizerWorker, uid: int) -
     (reply,) = rec.frontend
     assert isinstance(reply, UserReply) and reply.uid == uid
     assert reply.finished and reply.finish_reason is None
-    assert reply.error is not None and reply.error.status == 400
+    assert reply.error is not None and reply.error.kind is ErrorKind.INVALID_PROMPT
     assert reply.error.message
     assert _states(worker) == {}
     return reply
@@ -185,7 +187,7 @@ def test_an_encoder_failure_is_one_400_error_and_the_batch_goes_on(tokenizer) ->
         ]
     )
     (reply,) = rec.frontend
-    assert reply.uid == 6 and reply.finished and reply.error.status == 400
+    assert reply.uid == 6 and reply.finished and reply.error.kind is ErrorKind.INVALID_PROMPT
     assert "encoder exploded" in reply.error.message
     (msg,) = rec.backend
     assert isinstance(msg, UserMsg) and msg.uid == 7 and msg.input_ids == ids
@@ -283,11 +285,7 @@ def test_backend_error_is_a_terminal_error_reply_with_the_same_fields(tokenizer)
     worker.handle(
         [
             BackendErrorMsg(
-                20,
-                "the prompt has 70 tokens",
-                status=400,
-                code="context_length_exceeded",
-                param="messages",
+                20, ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "the prompt has 70 tokens")
             )
         ]
     )
@@ -296,22 +294,21 @@ def test_backend_error_is_a_terminal_error_reply_with_the_same_fields(tokenizer)
     assert reply.finished and reply.finish_reason is None
     assert reply.error is not None
     assert reply.error.message == "the prompt has 70 tokens"
-    assert reply.error.status == 400
-    assert reply.error.code == "context_length_exceeded"
-    assert reply.error.param == "messages"
+    assert reply.error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED
+    assert reply.error.field is None
     assert reply.prompt_tokens == 70
     assert rec.backend == []
     assert _states(worker) == {}
 
 
-def test_backend_error_keeps_a_non_400_status(tokenizer) -> None:
+def test_backend_error_keeps_its_kind_and_field(tokenizer) -> None:
     worker, rec = _worker(tokenizer)
     worker.handle([TokenizeMsg(21, _params(), text="x")])
     rec.clear()
-    worker.handle([BackendErrorMsg(21, "engine failed", status=503, code="backend_error")])
+    error = ErrorInfo(ErrorKind.INVALID_TOKEN_ID, "bad id", field="logit_bias")
+    worker.handle([BackendErrorMsg(21, error)])
     (reply,) = rec.frontend
-    assert reply.error.status == 503 and reply.error.code == "backend_error"
-    assert reply.error.param is None
+    assert reply.error == error
     assert _states(worker) == {}
 
 
@@ -320,7 +317,7 @@ def test_backend_error_for_an_aborted_uid_is_dropped(tokenizer) -> None:
     worker.handle([TokenizeMsg(22, _params(), text="x")])
     worker.handle([AbortMsg(22)])
     rec.clear()
-    worker.handle([BackendErrorMsg(22, "too late", code="context_length_exceeded")])
+    worker.handle([BackendErrorMsg(22, ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "too late"))])
     assert rec.frontend == [] and rec.backend == []
     assert _states(worker) == {}
 
@@ -329,7 +326,9 @@ def test_a_token_after_a_backend_error_is_dropped(tokenizer) -> None:
     worker, rec = _worker(tokenizer)
     worker.handle([TokenizeMsg(23, _params(), text="x")])
     rec.clear()
-    worker.handle([BackendErrorMsg(23, "boom"), DetokenizeMsg(23, 5)])
+    worker.handle(
+        [BackendErrorMsg(23, ErrorInfo(ErrorKind.INTERNAL, "boom")), DetokenizeMsg(23, 5)]
+    )
     (reply,) = rec.frontend  # exactly one terminal reply
     assert reply.error is not None and reply.finished
     assert _states(worker) == {}
@@ -370,7 +369,13 @@ def test_lifecycle_state_counts_zero_after_every_request_ended(tokenizer) -> Non
             TokenizeMsg(34, _params(), text="c"),
         ]
     )
-    worker.handle([AbortMsg(32), BackendErrorMsg(33, "bad"), DetokenizeMsg(34, token, "stop")])
+    worker.handle(
+        [
+            AbortMsg(32),
+            BackendErrorMsg(33, ErrorInfo(ErrorKind.INTERNAL, "bad")),
+            DetokenizeMsg(34, token, "stop"),
+        ]
+    )
     rec.clear()
     worker.handle([SchedulerStateMsg(1, {})])
     (msg,) = rec.frontend

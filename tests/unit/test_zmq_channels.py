@@ -17,6 +17,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortBackendMsg,
     BackendMsg,
+    Codec,
     DetokenizeMsg,
     ExitMsg,
     FrontendMsg,
@@ -165,3 +166,60 @@ async def test_async_pull_queue_get_waits_without_blocking_the_loop(channels):
     finally:
         outbox.close()
         inbox.close()
+
+
+def _send_raw(addr: str, ctx: zmq.Context, frame: bytes) -> None:
+    """A stray sender: one frame that is not a list of this channel's messages."""
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(addr)
+    sock.send(frame)
+    sock.close()
+
+
+# garbage bytes, and well-formed msgpack of another channel's union
+BAD_FRAMES = [b"\xc1 not msgpack", Codec(BackendMsg).encode([AbortBackendMsg(5)])]
+
+
+@pytest.mark.parametrize("bad", BAD_FRAMES, ids=["garbage", "wrong_union"])
+def test_a_bad_frame_between_two_good_ones_costs_only_itself(channels, ctx, bad):
+    inbox = PullQueue(channels.tokenizer, TokenizerMsg, ctx)
+    outbox = PushQueue(channels.tokenizer, TokenizerMsg, ctx)
+    outbox.put([DetokenizeMsg(1, 7)])
+    time.sleep(0.1)  # keep the three frames in this order
+    _send_raw(channels.tokenizer, ctx, bad)
+    time.sleep(0.1)
+    outbox.put([DetokenizeMsg(1, 8, "stop")])
+    time.sleep(0.3)
+    assert inbox.get(timeout_ms=1000) == [DetokenizeMsg(1, 7), DetokenizeMsg(1, 8, "stop")]
+    outbox.close()
+    inbox.close()
+
+
+@pytest.mark.parametrize("bad", BAD_FRAMES, ids=["garbage", "wrong_union"])
+async def test_async_pull_queue_delivers_the_good_frames_around_a_bad_one(channels, bad):
+    inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
+    outbox = PushQueue(channels.frontend, FrontendMsg)
+    ctx = zmq.Context()
+    try:
+        first = [UserReply(1, "a", completion_tokens=1)]
+        last = [UserReply(1, "b", finished=True, finish_reason="stop", completion_tokens=2)]
+        outbox.put(first)
+        await asyncio.sleep(0.1)
+        _send_raw(channels.frontend, ctx, bad)
+        await asyncio.sleep(0.1)
+        outbox.put(last)
+        await asyncio.sleep(0.3)  # all three frames wait: one get takes them together
+        got = await asyncio.wait_for(inbox.get(), timeout=5)
+        assert got == first + last  # the terminal reply is not lost with the bad frame
+
+        _send_raw(channels.frontend, ctx, bad)  # a bad frame alone: get waits past it
+        pending = asyncio.ensure_future(inbox.get())
+        await asyncio.sleep(0.2)
+        assert not pending.done()
+        outbox.put([UserReply(2, "c")])
+        assert await asyncio.wait_for(pending, timeout=5) == [UserReply(2, "c")]
+    finally:
+        outbox.close()
+        inbox.close()
+        ctx.destroy(linger=0)

@@ -1,0 +1,37 @@
+"""SchedulerConfig: what the scheduler decides on its own, with its defaults explained.
+
+Contract: no torch import (the API server process reads it through `ServerArgs`). The
+engine's settings, `max_running_requests` among them (the engine sizes its page table and
+CUDA graphs from it; the scheduler only reads it back), are `EngineConfig`'s.
+`split_options` sorts flat keyword options, as the command line and `LLM(...)` take them,
+into the fields of the two configurations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from minisgl.engine.config import EngineConfig
+
+
+@dataclass
+class SchedulerConfig:
+    # prompt tokens prefilled per step, over all requests; a longer prompt is prefilled in
+    # chunks. 8192 takes a typical prompt in one step while bounding a step's activations
+    # and how long running decodes wait behind a prefill
+    max_prefill_tokens: int = 8192
+
+
+Options = dict[str, Any]
+
+
+def split_options(options: Options) -> tuple[Options, Options, Options]:
+    """`options` as (EngineConfig's fields, SchedulerConfig's fields, the rest)."""
+    engine = {f.name for f in fields(EngineConfig)}
+    scheduler = {f.name for f in fields(SchedulerConfig)}
+    return (
+        {k: v for k, v in options.items() if k in engine},
+        {k: v for k, v in options.items() if k in scheduler},
+        {k: v for k, v in options.items() if k not in engine | scheduler},
+    )
