@@ -11,17 +11,13 @@ each token's time includes the host round trip, as a user sees it.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from common import add_model_args, resolve_model, write_json
 
-from minisgl import LLM, SamplingParams  # noqa: E402
-
-CONFIGS = Path(__file__).resolve().parent / "configs"
+from minisgl import LLM, SamplingParams
 
 
 def measure(llm: LLM, prompt: list[int], output_len: int) -> tuple[float, float]:
@@ -36,10 +32,7 @@ def measure(llm: LLM, prompt: list[int], output_len: int) -> tuple[float, float]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
-    src.add_argument("--config", default=None, help="a config shipped in benchmarks/configs/")
-    p.add_argument("--dummy-weights", action="store_true")
+    add_model_args(p)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
@@ -48,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3, help="keep the fastest run")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    resolve_model(p, args)
 
-    model = str(CONFIGS / args.config) if args.config else args.model
     llm = LLM(
-        model,
+        args.model,
         device=args.device,
         dummy_weights=args.dummy_weights,
         attention_backend=args.attention_backend,
@@ -81,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             "ttft_ms": ttft * 1e3,
             "ms_per_token": per_token * 1e3,
         }
-        Path(args.json).write_text(json.dumps(record, indent=2))
+        write_json(args.json, record)
     return 0
 
 

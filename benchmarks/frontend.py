@@ -41,6 +41,10 @@ processes outside the benchmark (on a shared machine they skew the figures).
 server under `--profile-concurrency` paced streams after the measurements; `--profile
 cprofile` runs cProfile inside the API server process instead. Both print the hottest
 functions.
+
+Here are the measurements (`Bench`, `run`, `run_profile`), which print nothing themselves:
+the lines printed meanwhile and the final table are frontend_report.py's, the profile
+summaries profile_summary.py's, the processes frontend_stack.py's.
 """
 
 from __future__ import annotations
@@ -48,39 +52,32 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import multiprocessing as mp
 import os
 import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
-
-from frontend_stack import (  # noqa: E402
-    MODEL_NAME,
+import httpx
+from common import wait_quiet, write_json
+from frontend_report import Progress, print_table, table_rows
+from frontend_stack import (
     WORD,
+    chat_request,
     client_main,
-    machine_busy_seconds,
     run_tokenizer,
     serve_bare,
     serve_ours,
     standin_scheduler,
 )
-from profile_summary import print_profile, summarize_collapsed, summarize_pstats  # noqa: E402
+from profile_summary import print_profile, summarize_collapsed, summarize_pstats
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from minisgl.testing.server import free_port, is_zero
 
 
 def uvicorn_impls(loop: str, http: str) -> tuple[str, str]:
@@ -95,8 +92,6 @@ def uvicorn_impls(loop: str, http: str) -> tuple[str, str]:
 
 
 def wait_http(url: str, procs, timeout: float = 300.0) -> None:
-    import httpx
-
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in procs:
@@ -111,17 +106,10 @@ def wait_http(url: str, procs, timeout: float = 300.0) -> None:
 
 def wait_lifecycle_zero(url: str, timeout: float = 15.0) -> dict:
     """After a point (whose streams were cancelled mid-way): every component at zero."""
-    import httpx
-
     deadline = time.monotonic() + timeout
     while True:
         state = httpx.get(url + "/debug/lifecycle", timeout=5).json()
-        busy = (
-            state["frontend"]["requests"],
-            state["tokenizer"]["decode_states"],
-            state["scheduler"]["running"],
-        )
-        if busy == (0, 0, 0):
+        if is_zero(state):  # the tests' criterion (minisgl.testing.server)
             return state
         if time.monotonic() > deadline:
             raise SystemExit(f"state left behind after a point: {state}")
@@ -137,15 +125,7 @@ def check_identical(ours: str, bare: str, step_s, max_tokens: int = 4, tries: in
     """Ours (paced, so one token per chunk) and bare send the same bytes, ids and times
     aside, and the same header names. On a busy machine ours may still coalesce two tokens
     (then it is tried again)."""
-    import httpx
-
-    body = {
-        "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": max_tokens,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = chat_request(max_tokens)
     b = httpx.post(bare + "/v1/chat/completions", json=body, timeout=30)
     step_s.value = 0.05
     try:
@@ -165,26 +145,14 @@ def check_identical(ours: str, bare: str, step_s, max_tokens: int = 4, tries: in
     }
 
 
-def wait_quiet(limit_pct: float, timeout: float) -> float:
-    """On a shared machine: wait until the CPU busy outside this benchmark (whose own
-    processes are idle between points) stays under `limit_pct` of one core for a second.
-    Returns the last reading."""
-    deadline = time.monotonic() + timeout
-    while True:
-        a, t = machine_busy_seconds(), time.perf_counter()
-        time.sleep(1.0)
-        busy = 100 * (machine_busy_seconds() - a) / (time.perf_counter() - t)
-        if busy <= limit_pct or time.monotonic() > deadline:
-            if busy > limit_pct:
-                print(f"  (other processes use {busy:.0f}% CPU; measuring anyway)", flush=True)
-            return busy
-        time.sleep(2.0)
-
-
 # ============================================================================ the run
 class Bench:
-    def __init__(self, args) -> None:
+    """The processes of one run and the measurements made with them; what happens is told
+    to `progress` (frontend_report.Progress: printed)."""
+
+    def __init__(self, args, progress: Progress | None = None) -> None:
         self.args = args
+        self.progress = progress or Progress()
 
     def start(self) -> None:
         from minisgl.models.source import resolve_model_dir
@@ -213,8 +181,9 @@ class Bench:
             self.procs.append(p)
             return p
 
-        self.bare_url = f"http://127.0.0.1:{free_port()}"
-        self.ours_url = f"http://127.0.0.1:{free_port()}"
+        ours_port, bare_port = free_port(), free_port()
+        self.ours_url = f"http://127.0.0.1:{ours_port}"
+        self.bare_url = f"http://127.0.0.1:{bare_port}"
         self.pstats = f"{a.profile_out}.pstats" if a.profile == "cprofile" else None
         r_tok, s_tok = ctx.Pipe(duplex=False)
         r_sch, s_sch = ctx.Pipe(duplex=False)
@@ -236,19 +205,19 @@ class Bench:
             status, info = r.recv()
             if status != "ready":
                 raise SystemExit(info)
-        port = int(self.ours_url.rsplit(":", 1)[1])
         self.api = start(
             serve_ours,
             "api-server",
-            port,
+            ours_port,
             self.channels,
             self.loop,
             self.http,
             self.server_cpus,
             self.pstats,
         )
-        port = int(self.bare_url.rsplit(":", 1)[1])
-        self.bare = start(serve_bare, "bare-server", port, self.loop, self.http, self.server_cpus)
+        self.bare = start(
+            serve_bare, "bare-server", bare_port, self.loop, self.http, self.server_cpus
+        )
         self.conn, child = ctx.Pipe()
         self.client = start(client_main, "client", child, self.emitted, self.other_cpus)
         wait_http(self.ours_url, self.procs)
@@ -277,6 +246,19 @@ class Bench:
             "client": self.client.pid,
         }
 
+    def load(self, which: str, c: int, warmup: int, target: int, max_seconds: float) -> dict:
+        """The client's command: `c` streams to `which` ("ours" or "bare") in a closed
+        loop, timed over `target` tokens after `warmup` (at most `max_seconds`)."""
+        return {
+            "url": self.ours_url if which == "ours" else self.bare_url,
+            "concurrency": c,
+            "max_tokens": self.args.max_tokens,
+            "warmup": warmup,
+            "target": target,
+            "pids": self.pids(which),
+            "max_seconds": max_seconds,
+        }
+
     def measure(
         self,
         which: str,
@@ -291,15 +273,14 @@ class Bench:
         a = self.args
         for attempt in range(a.retries + 1):
             if a.quiet_limit > 0:
-                wait_quiet(a.quiet_limit, a.quiet_timeout)
+                busy = wait_quiet(a.quiet_limit, a.quiet_timeout)
+                if busy > a.quiet_limit:
+                    self.progress.busy_machine(busy)
             res = self._measure_once(which, c, step_s, target, warmup, max_seconds)
             noisy = a.quiet_limit > 0 and res["others_cpu_pct"] > 2 * a.quiet_limit
             if not noisy or attempt == a.retries:
                 break
-            print(
-                f"  (other processes took {res['others_cpu_pct']:.0f}% CPU meanwhile: again)",
-                flush=True,
-            )
+            self.progress.disturbed(res["others_cpu_pct"])
         res["attempts"] = attempt + 1
         return res
 
@@ -307,17 +288,9 @@ class Bench:
         a = self.args
         self.step_s.value = step_s
         try:
-            self.conn.send(
-                {
-                    "url": self.ours_url if which == "ours" else self.bare_url,
-                    "concurrency": c,
-                    "max_tokens": a.max_tokens,
-                    "warmup": a.warmup if warmup is None else warmup,
-                    "target": a.tokens if target is None else target,
-                    "pids": self.pids(which),
-                    "max_seconds": max_seconds,
-                }
-            )
+            warmup = a.warmup if warmup is None else warmup
+            target = a.tokens if target is None else target
+            self.conn.send(self.load(which, c, warmup, target, max_seconds))
             status, res = self.conn.recv()
         finally:
             self.step_s.value = 0.0
@@ -347,12 +320,8 @@ class Bench:
             kept = (res["tokens_per_chunk"] or 99) <= 1.1 and (
                 res["tokens_per_s"] >= 0.95 * res["emitted_per_s"]
             )
-            trials.append({"offered_per_s": rate, "kept_up": kept, **_brief(res)})
-            print(
-                f"    capacity c={c}: offered {rate:7.0f}/s -> {res['tokens_per_s']:7.0f} tok/s "
-                f"{res['tokens_per_chunk'] or 0:5.2f} tok/chunk  {'ok' if kept else 'behind'}",
-                flush=True,
-            )
+            trials.append({"offered_per_s": rate, "kept_up": kept, **brief(res)})
+            self.progress.trial(c, rate, res, kept)
             # offering more made the stand-in emit no more than before: its core is full
             stalled = kept and hi is None and res["emitted_per_s"] < 1.1 * prev_emitted
             if kept:
@@ -363,7 +332,7 @@ class Bench:
                 break
             if stalled:
                 # ours kept up with all there was; a higher setting would only measure that
-                print(f"    capacity c={c}: the stand-in's core is the limit", flush=True)
+                self.progress.source_limited(c)
                 source_limited = True
                 break
             rate = rate * 2 if hi is None else (lo + hi) / 2 if lo else rate / 2
@@ -375,11 +344,7 @@ class Bench:
             final = self.measure("ours", c, c / lo, target=self.args.paced_tokens)
             if (final["tokens_per_chunk"] or 99) <= 1.1:
                 break
-            print(
-                f"    capacity c={c}: {final['tokens_per_chunk']:.2f} tok/chunk over the long "
-                f"run at {lo:.0f}/s: again at {0.8 * lo:.0f}/s",
-                flush=True,
-            )
+            self.progress.fell_behind(c, final["tokens_per_chunk"], lo)
             lo *= 0.8
         return {
             "trials": trials,
@@ -389,7 +354,8 @@ class Bench:
         }
 
 
-def _brief(res: dict) -> dict:
+def brief(res: dict) -> dict:
+    """The figures of a measurement kept for a capacity trial or the profile's load."""
     keys = (
         "tokens_per_s",
         "chunks_per_s",
@@ -401,24 +367,15 @@ def _brief(res: dict) -> dict:
     return {k: res[k] for k in keys}
 
 
-def _line(which: str, c: int, res: dict) -> str:
-    cpu = " ".join(f"{k}={v:.0f}" for k, v in res["cpu_pct"].items())
-    return (
-        f"  c={c:<3} {which:<13} {res['chunks_per_s']:8.0f} chunks/s {res['tokens_per_s']:8.0f}"
-        f" tokens/s  cpu% {cpu} others={res['others_cpu_pct']:.0f}"
-    )
-
-
-def run(args) -> dict:
-    bench = Bench(args)
+def run(args, progress: Progress | None = None) -> dict:
+    """Every point of `args.concurrency`, then the profile: the JSON record."""
+    bench = Bench(args, progress)
+    progress = bench.progress
     try:
         bench.start()
         identical = check_identical(bench.ours_url, bench.bare_url, bench.step_s)
-        print(
-            f"uvicorn loop={bench.loop} http={bench.http}; {bench.ncpu} CPUs; servers on "
-            f"{bench.server_cpus or 'any'}, client + tokenizer + stand-in on "
-            f"{bench.other_cpus or 'any'}; byte check {identical}",
-            flush=True,
+        progress.layout(
+            bench.loop, bench.http, bench.ncpu, bench.server_cpus, bench.other_cpus, identical
         )
         points = []
         for c in args.concurrency:
@@ -427,11 +384,11 @@ def run(args) -> dict:
                 for which, key in (("bare", "bare"), ("ours", "ours_burst")):
                     res = bench.measure(which, c)
                     point[key].append(res)
-                    print(_line(key, c, res), flush=True)
+                    progress.point(key, c, res)
             if args.capacity:
                 point["ours_paced"] = bench.capacity(c)
                 if point["ours_paced"]["final"]:
-                    print(_line("ours_paced", c, point["ours_paced"]["final"]), flush=True)
+                    progress.point("ours_paced", c, point["ours_paced"]["final"])
             points.append(point)
         profile = run_profile(args, bench) if args.profile != "none" else None
     finally:
@@ -456,75 +413,6 @@ def run(args) -> dict:
     }
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
-
-
-def _us_per_chunk(res: dict, proc: str) -> float | None:
-    """CPU microseconds `proc` spent per delivered chunk (cpu % is per second)."""
-    return 1e4 * res["cpu_pct"][proc] / res["chunks_per_s"] if res["chunks_per_s"] else None
-
-
-def table_rows(points: list[dict]) -> list[dict]:
-    rows = []
-    for pt in points:
-        bare_res = sorted(pt["bare"], key=lambda r: r["chunks_per_s"])[len(pt["bare"]) // 2]
-        burst = sorted(pt["ours_burst"], key=lambda r: r["tokens_per_s"])[
-            len(pt["ours_burst"]) // 2
-        ]
-        paced = (pt.get("ours_paced") or {}).get("final")
-        bare = bare_res["chunks_per_s"]
-        row = {
-            "concurrency": pt["concurrency"],
-            "bare_chunks_per_s": bare,
-            "bare_us_per_chunk": _us_per_chunk(bare_res, "bare"),
-            "ours_paced_chunks_per_s": None,
-            "ours_burst_chunks_per_s": burst["chunks_per_s"],
-            "ours_burst_tokens_per_s": burst["tokens_per_s"],
-            "ratio_burst_chunks": burst["chunks_per_s"] / bare,
-            "ratio_burst_tokens": burst["tokens_per_s"] / bare,
-            "others_cpu_pct_max": max(r["others_cpu_pct"] for r in pt["bare"] + pt["ours_burst"]),
-        }
-        if paced:
-            api_us = _us_per_chunk(paced, "api")
-            row.update(
-                ours_paced_chunks_per_s=paced["chunks_per_s"],
-                ours_paced_tokens_per_chunk=paced["tokens_per_chunk"],
-                ratio_paced_chunks=paced["chunks_per_s"] / bare,
-                ours_api_us_per_chunk=api_us,
-                ours_tokenizer_us_per_chunk=_us_per_chunk(paced, "tokenizer"),
-                # what one full server core would sustain, from the CPU each spent per chunk
-                ratio_per_core=row["bare_us_per_chunk"] / api_us,
-                others_cpu_pct_max=max(row["others_cpu_pct_max"], paced["others_cpu_pct"]),
-            )
-        rows.append(row)
-    return rows
-
-
-def print_table(record: dict) -> None:
-    print("\nchunks/s delivered to the client; CPU us per chunk of the server process")
-    print(
-        " streams | bare chunks/s  us/chunk | ours paced chunks/s (tok/chunk)  ratio  api us/chunk"
-        "  tok us/chunk  ratio/core | ours burst chunks/s  tokens/s  ratio tokens | others CPU%"
-    )
-    for r in record["table"]:
-        if r["ours_paced_chunks_per_s"]:
-            paced = (
-                f"{r['ours_paced_chunks_per_s']:19.0f} ({r['ours_paced_tokens_per_chunk']:.2f})"
-                f"  {r['ratio_paced_chunks']:5.2f}  {r['ours_api_us_per_chunk']:12.1f}"
-                f"  {r['ours_tokenizer_us_per_chunk']:12.1f}  {r['ratio_per_core']:10.2f}"
-            )
-        else:
-            paced = f"{'-':>78}"
-        print(
-            f" {r['concurrency']:>7} | {r['bare_chunks_per_s']:13.0f}  {r['bare_us_per_chunk']:8.1f}"
-            f" | {paced} | {r['ours_burst_chunks_per_s']:19.0f} "
-            f"{r['ours_burst_tokens_per_s']:9.0f}  {r['ratio_burst_tokens']:12.2f} | "
-            f"{r['others_cpu_pct_max']:.0f}"
-        )
-
-
 # ============================================================================ profile
 def run_profile(args, bench: Bench) -> dict:
     """Load our API server with `--profile-concurrency` streams (paced at
@@ -538,17 +426,7 @@ def run_profile(args, bench: Bench) -> dict:
         "seconds": args.profile_seconds,
     }
     bench.step_s.value = c / rate if rate else 0.0
-    bench.conn.send(
-        {
-            "url": bench.ours_url,
-            "concurrency": c,
-            "max_tokens": args.max_tokens,
-            "warmup": 0,
-            "target": 10**12,
-            "pids": bench.pids("ours"),
-            "max_seconds": args.profile_seconds + 4,
-        }
-    )
+    bench.conn.send(bench.load("ours", c, 0, 10**12, args.profile_seconds + 4))
     time.sleep(2)  # let the streams start
     try:
         if args.profile == "py-spy":
@@ -580,7 +458,7 @@ def run_profile(args, bench: Bench) -> dict:
     finally:
         status, load = bench.conn.recv()
         bench.step_s.value = 0.0
-    out["load"] = _brief(load) if status == "ok" else status
+    out["load"] = brief(load) if status == "ok" else status
     wait_lifecycle_zero(bench.ours_url)
     return out
 
@@ -662,7 +540,7 @@ def main(argv=None) -> int:
     if record["profile"]:
         print_profile(record["profile"])
     if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.json, record)
         print(f"wrote {args.json}")
     return 0
 

@@ -7,7 +7,8 @@
 - `serve_bare`: a plain ASGI app under uvicorn sending the same SSE bytes.
 - `client_main`: the load generator (httpx async streaming), measuring on command.
 
-Every entry point takes the CPU set it is pinned to (None: not pinned).
+Every entry point takes the CPU set it is pinned to (None: not pinned). `chat_request` is
+the one request body every stream sends, to ours and to bare alike.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ import logging
 import os
 import signal
 import time
-from pathlib import Path
 
-MODEL_NAME = "SmolLM2-135M-Instruct"
+from common import cpu_seconds, machine_busy_seconds
+
+from minisgl.models.default_model import DEFAULT_MODEL_NAME
+
+MODEL_NAME = DEFAULT_MODEL_NAME  # the name both servers answer with (no model is loaded)
 WORD = " hello"  # one token in SmolLM2's tokenizer; what every stand-in token decodes to
 SSE_HEADERS = [  # what minisgl's StreamResponse sends
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -34,23 +38,15 @@ def pin(cpus: set[int] | None) -> None:
         os.sched_setaffinity(0, cpus)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of one process, all its threads (Linux /proc)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return float("nan")
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy (all cores, all processes)."""
-    try:
-        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-        return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return float("nan")
+def chat_request(max_tokens: int) -> dict:
+    """A streamed chat completion of `max_tokens` tokens, EOS ignored."""
+    return {
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "ignore_eos": True,
+    }
 
 
 def uvicorn_config(app, port: int, loop: str, http: str):
@@ -290,13 +286,7 @@ async def measure(
     CPU seconds of `pids` and of the whole machine meanwhile."""
     import httpx
 
-    body = {
-        "model": MODEL_NAME,
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": max_tokens,
-        "stream": True,
-        "ignore_eos": True,
-    }
+    body = chat_request(max_tokens)
     n = {"chunks": 0, "tokens": 0, "requests": 0, "errors": 0, "short": 0}
     mark: dict = {}
     done = asyncio.Event()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
+import math
 import os
 import random
 import sys
@@ -29,17 +29,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from common import add_model_args, machine_busy_seconds, resolve_model, write_json
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # run from a checkout without installing the package
-
-from minisgl import LLM, SamplingParams  # noqa: E402
-from minisgl.utils.process import available_ram  # noqa: E402
+from minisgl import LLM, SamplingParams
+from minisgl.engine.config import EngineConfig
+from minisgl.scheduler.config import SchedulerConfig
+from minisgl.utils.process import available_ram
 
 if TYPE_CHECKING:
     from minisgl.models.config import ModelConfig
 
-CONFIGS = Path(__file__).resolve().parent / "configs"
 CPU_BASELINE_BATCH = 16  # see auto_batch_size
 
 
@@ -80,47 +79,49 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class CpuMeter:
-    """How much CPU other processes took while we ran (Linux): on a shared machine a busy
-    neighbour slows both engines, and a figure measured beside one is not comparable."""
+def _cpu_sample() -> tuple[float, float, float] | None:
+    """(machine busy CPU seconds, this process's and its children's, monotonic time)."""
+    busy = machine_busy_seconds()
+    return None if math.isnan(busy) else (busy, sum(os.times()[:4]), time.monotonic())
 
-    def __init__(self) -> None:
-        self.start = self._sample()
 
-    @staticmethod
-    def _sample() -> tuple[float, float, float] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [float(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        hz = os.sysconf("SC_CLK_TCK")
-        busy = sum(fields[:8]) - fields[3] - fields[4]  # all but idle and iowait
-        own = sum(os.times()[:4])
-        return busy / hz, own, time.monotonic()
+class TimedRun:
+    """`with TimedRun(device) as t:` times one engine's run: the device synchronised at both
+    ends, the wall seconds, and the share of the machine's CPUs that other processes took
+    meanwhile (Linux; None elsewhere): on a shared machine a busy neighbour slows both
+    engines, and a figure measured beside one is not comparable."""
 
-    def others_share(self) -> float | None:
-        end = self._sample()
-        if self.start is None or end is None:
-            return None
-        (b0, o0, t0), (b1, o1, t1) = self.start, end
-        others = max(0.0, (b1 - b0) - (o1 - o0))
-        return others / ((t1 - t0) * (os.cpu_count() or 1))
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __enter__(self) -> TimedRun:
+        sync(self.device)
+        self._cpu, self._start = _cpu_sample(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sync(self.device)
+        self.seconds = time.perf_counter() - self._start
+        end, start = _cpu_sample(), self._cpu
+        self.others_cpu = None
+        if start is not None and end is not None:
+            (b0, o0, t0), (b1, o1, t1) = start, end
+            others = max(0.0, (b1 - b0) - (o1 - o0))
+            self.others_cpu = others / ((t1 - t0) * (os.cpu_count() or 1))
+
+    def result(self, engine: str, prompts, output_tokens: int, generated_tokens: int) -> Result:
+        return Result(
+            engine, len(prompts), sum(map(len, prompts)), output_tokens, self.seconds,
+            generated_tokens=generated_tokens, others_cpu=self.others_cpu,
+        )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- our engine
 def run_minisgl(llm: LLM, prompts: list[list[int]], max_tokens: list[int]):
-    device = llm.engine.device
-    sync(device)
-    meter, start = CpuMeter(), time.perf_counter()
-    outputs = llm.generate(prompts, greedy_params(max_tokens))
-    sync(device)
-    seconds = time.perf_counter() - start
+    with TimedRun(llm.engine.device) as timed:
+        outputs = llm.generate(prompts, greedy_params(max_tokens))
     produced = sum(len(o.token_ids) for o in outputs)
-    result = Result(
-        "minisgl", len(prompts), sum(map(len, prompts)), produced, seconds,
-        generated_tokens=produced, others_cpu=meter.others_share(),
-    )  # fmt: skip
+    result = timed.result("minisgl", prompts, produced, generated_tokens=produced)
     return result, [o.token_ids for o in outputs], outputs
 
 
@@ -206,36 +207,29 @@ def run_transformers(model, prompts, max_tokens, batch_size: int, device):
     order = sorted(range(len(prompts)), key=lambda i: max_tokens[i])
     outputs: list[list[int]] = [[] for _ in prompts]
     generated = 0
-    sync(device)
-    meter, start = CpuMeter(), time.perf_counter()
-    for b in range(0, len(order), batch_size):
-        idx = order[b : b + batch_size]
-        width = max(len(prompts[i]) for i in idx)
-        ids = torch.zeros(len(idx), width, dtype=torch.long)
-        mask = torch.zeros(len(idx), width, dtype=torch.long)
-        for row, i in enumerate(idx):
-            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
-            mask[row, width - len(prompts[i]) :] = 1
-        new = max(max_tokens[i] for i in idx)
-        with torch.inference_mode():
-            seqs = model.generate(
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                max_new_tokens=new,
-                do_sample=False,
-            )
-        seqs = seqs[:, width:].tolist()  # the .tolist() syncs: the batch is done
-        for row, i in enumerate(idx):
-            outputs[i] = seqs[row][: max_tokens[i]]
-            generated += len(seqs[row])
-    sync(device)
-    seconds = time.perf_counter() - start
+    with TimedRun(device) as timed:
+        for b in range(0, len(order), batch_size):
+            idx = order[b : b + batch_size]
+            width = max(len(prompts[i]) for i in idx)
+            ids = torch.zeros(len(idx), width, dtype=torch.long)
+            mask = torch.zeros(len(idx), width, dtype=torch.long)
+            for row, i in enumerate(idx):
+                ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+                mask[row, width - len(prompts[i]) :] = 1
+            new = max(max_tokens[i] for i in idx)
+            with torch.inference_mode():
+                seqs = model.generate(
+                    input_ids=ids.to(device),
+                    attention_mask=mask.to(device),
+                    max_new_tokens=new,
+                    do_sample=False,
+                )
+            seqs = seqs[:, width:].tolist()  # the .tolist() syncs: the batch is done
+            for row, i in enumerate(idx):
+                outputs[i] = seqs[row][: max_tokens[i]]
+                generated += len(seqs[row])
     useful = sum(map(len, outputs))
-    result = Result(
-        "transformers", len(prompts), sum(map(len, prompts)), useful, seconds,
-        generated_tokens=generated, others_cpu=meter.others_share(),
-    )  # fmt: skip
-    return result, outputs
+    return timed.result("transformers", prompts, useful, generated_tokens=generated), outputs
 
 
 def run_transformers_cb(model, prompts, max_tokens, device):
@@ -247,28 +241,21 @@ def run_transformers_cb(model, prompts, max_tokens, device):
         do_sample=False, max_new_tokens=max(max_tokens), eos_token_id=None, pad_token_id=0
     )
     outputs: list[list[int]] = [[] for _ in prompts]
-    sync(device)
-    meter, start = CpuMeter(), time.perf_counter()
-    manager = model.init_continuous_batching(generation_config=config)
-    manager.start()
-    try:
-        for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
-            manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
-        for _ in prompts:
-            out = manager.get_result(timeout=3600)
-            if out is None:
-                raise RuntimeError("transformers' continuous batching returned no result")
-            outputs[int(out.request_id)] = list(out.generated_tokens)
-    finally:
-        manager.stop(block=True)
-    sync(device)
-    seconds = time.perf_counter() - start
+    with TimedRun(device) as timed:
+        manager = model.init_continuous_batching(generation_config=config)
+        manager.start()
+        try:
+            for i, (prompt, n) in enumerate(zip(prompts, max_tokens)):
+                manager.add_request(prompt, request_id=str(i), max_new_tokens=n)
+            for _ in prompts:
+                out = manager.get_result(timeout=3600)
+                if out is None:
+                    raise RuntimeError("transformers' continuous batching returned no result")
+                outputs[int(out.request_id)] = list(out.generated_tokens)
+        finally:
+            manager.stop(block=True)
     useful = sum(map(len, outputs))
-    result = Result(
-        "transformers-cb", len(prompts), sum(map(len, prompts)), useful, seconds,
-        generated_tokens=useful, others_cpu=meter.others_share(),
-    )  # fmt: skip
-    return result, outputs
+    return timed.result("transformers-cb", prompts, useful, generated_tokens=useful), outputs
 
 
 def best_of(repeat: int, run):
@@ -311,24 +298,19 @@ def print_table(results: list[Result]) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    engine, scheduler = EngineConfig(), SchedulerConfig()  # minisgl's own defaults
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
-    src.add_argument(
-        "--config",
-        default=None,
-        help="a config shipped in benchmarks/configs/ "
-        "(e.g. qwen3-0.6b): a config-only folder, so random weights",
+    add_model_args(p)
+    p.add_argument("--device", default=engine.device, choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--dtype", default=engine.dtype, choices=["auto", "float32", "bfloat16", "float16"]
     )
-    p.add_argument("--dummy-weights", action="store_true", help="random weights of the real shapes")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
-    p.add_argument("--page-size", type=int, default=16)
-    p.add_argument("--max-running-requests", type=int, default=256)
-    p.add_argument("--max-prefill-tokens", type=int, default=8192)
+    p.add_argument("--page-size", type=int, default=engine.page_size)
+    p.add_argument("--max-running-requests", type=int, default=engine.max_running_requests)
+    p.add_argument("--max-prefill-tokens", type=int, default=scheduler.max_prefill_tokens)
     p.add_argument("--num-pages", type=int, default=None, help="KV pages (default: from memory)")
     p.add_argument(
         "--max-seq-len",
@@ -336,7 +318,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="engine context (default: 2 * --max-len, the longest request)",
     )
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument(
+        "--attention-backend", default=engine.attention_backend, choices=["auto", "torch", "triton"]
+    )
     p.add_argument(
         "--repeat",
         type=int,
@@ -376,12 +360,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 1 <= args.min_len <= args.max_len:
         p.error("need 1 <= --min-len <= --max-len")
-    if args.config is not None:
-        folder = CONFIGS / args.config
-        if not (folder / "config.json").is_file():
-            names = sorted(d.name for d in CONFIGS.iterdir() if (d / "config.json").is_file())
-            p.error(f"no config {args.config!r}; shipped: {', '.join(names)}")
-        args.model, args.dummy_weights = str(folder), True  # no weights in that folder
+    resolve_model(p, args)
     return args
 
 
@@ -509,7 +488,7 @@ def main(argv=None) -> int:
             "check": check,
             "sanity_failures": failures,
         }
-        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+        write_json(args.json, record)
     return 1 if failures else 0
 
 

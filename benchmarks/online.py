@@ -41,20 +41,15 @@ import math
 import os
 import random
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
+from common import group_cpu_seconds, machine_busy_seconds, wait_quiet, write_json
 from tqdm.asyncio import tqdm
-
-REPO = Path(__file__).resolve().parent.parent
 
 # Common English words that SmolLM2's (and most BPE) tokenizers keep as one token with the
 # leading space, so `n` words make roughly `n` prompt tokens.
@@ -318,30 +313,6 @@ def print_report(s: dict) -> None:
 
 
 # ---------------------------------------------------------------------------- CPU use
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine has been busy, all cores (Linux; nan elsewhere)."""
-    try:
-        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")
-
-
-def group_cpu_seconds(pgid: int | None) -> float:
-    """CPU seconds of every live process in one process group (the launched server)."""
-    if pgid is None:
-        return float("nan")
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def cpu_snapshot(pgid: int | None) -> tuple[float, float, float]:
     t = os.times()
     return machine_busy_seconds(), group_cpu_seconds(pgid), t.user + t.system
@@ -359,82 +330,31 @@ def cpu_use(a, b, seconds: float) -> dict[str, float]:
     }
 
 
-def wait_quiet(limit_pct: float, timeout: float) -> None:
-    """On a shared machine: wait until the CPU busy (the server idle) stays under
-    `limit_pct` of one core for a second, at most `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        a, t = machine_busy_seconds(), time.perf_counter()
-        time.sleep(1.0)
-        busy = 100 * (machine_busy_seconds() - a) / (time.perf_counter() - t)
-        if busy <= limit_pct:
-            return
-        if time.monotonic() > deadline:
-            print(f"other processes use {busy:.0f}% CPU; measuring anyway", file=sys.stderr)
-            return
-        time.sleep(2.0)
-
-
 # ---------------------------------------------------------------------------- --launch
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def launched_server(args):
-    """`python -m minisgl --device cpu` on a free port for the run; stopped after."""
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "minisgl",
-        "--device",
-        args.device,
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    if args.model:
-        cmd += ["--model", args.model]
-    cmd += args.server_arg
-    log = tempfile.NamedTemporaryFile("w+", prefix="minisgl-online-", suffix=".log", delete=False)
-    print(f"launching: {' '.join(cmd)}  (log, kept on failure: {log.name})", file=sys.stderr)
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    base_url = f"http://127.0.0.1:{port}"
-    args.server_pgid = proc.pid  # its own session: the group holds the server and workers
+    """`python -m minisgl --device DEVICE` on a free port for the run (the tests' harness);
+    stopped after with SIGINT (minisgl: abort what is left, stop the workers)."""
+    # imported here: against a server that is already up, only httpx and tqdm are needed
+    from minisgl.testing.server import RunningServer
+
+    extra = ["--log-level", "warning", *args.server_arg]
+    server = RunningServer(args.model, *extra, device=args.device, wait=False)
+    log = server.log_path
+    print(f"launching: {' '.join(server.cmd)}  (log, kept on failure: {log})", file=sys.stderr)
+    args.server_pgid = server.proc.pid  # its own session: the group holds server and workers
     ok = False
     try:
-        deadline = time.monotonic() + args.launch_timeout
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise SystemExit(f"the server exited with {proc.returncode}:\n{log.read()}")
-            try:
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the server was not healthy after {args.launch_timeout} s")
-            time.sleep(0.25)
-        yield base_url
+        try:
+            server.wait_healthy(args.launch_timeout)
+        except RuntimeError as exc:
+            raise SystemExit(f"the launched {exc}") from None
+        yield server.base_url
         ok = True
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # minisgl: abort what is left, stop the workers
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        log.close()
+        server.stop(signal.SIGINT)
         if ok:  # the log is kept only when something went wrong
-            os.unlink(log.name)
+            server.log_path.unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------------- main
@@ -511,7 +431,9 @@ def run(args) -> dict:
         )
     pgid = getattr(args, "server_pgid", None)
     if args.quiet_limit > 0:
-        wait_quiet(args.quiet_limit, args.quiet_timeout)
+        busy = wait_quiet(args.quiet_limit, args.quiet_timeout)
+        if busy > args.quiet_limit:
+            print(f"other processes use {busy:.0f}% CPU; measuring anyway", file=sys.stderr)
     before = cpu_snapshot(pgid)
     results, duration = asyncio.run(run_load(args, model, prompts))
     summary = summarize(args, model, results, duration, check)
@@ -534,7 +456,7 @@ def main(argv=None) -> int:
         summary = run(args)
     print_report(summary)
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        write_json(args.json, summary)
         print(f"\nwrote {args.json}")
     return 0 if summary["requests_failed"] == 0 else 1
 

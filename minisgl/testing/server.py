@@ -2,7 +2,9 @@
 
 `RunningServer` waits for /health, knows its base URL, can read /debug/lifecycle, wait
 until every component is back at zero, and stop the server with a signal, checking that
-no process and no IPC directory is left behind.
+no process and no IPC directory is left behind. By default it serves on the CPU and
+returns once the server is healthy; `device=` and `wait=False` (then `wait_healthy()`)
+are for the benchmarks, which may run it on a GPU and name its log before a long start.
 """
 
 from __future__ import annotations
@@ -40,13 +42,21 @@ def is_zero(state: dict) -> bool:
 
 
 class RunningServer:
-    def __init__(self, model: str | None, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        model: str | None,
+        *extra: str,
+        env: dict[str, str] | None = None,
+        device: str = "cpu",
+        wait: bool = True,
+    ) -> None:
         self.port = free_port()
         self.model_name = model or DEFAULT_MODEL_NAME
-        cmd = [sys.executable, "-m", "minisgl", "--device", "cpu", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "minisgl", "--device", device, "--port", str(self.port)]
         if model is not None:
             cmd += ["--model", model]
         cmd += list(extra)
+        self.cmd = cmd
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"minisgl-test-{self.port}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
@@ -58,12 +68,15 @@ class RunningServer:
             start_new_session=True,  # its own process group: signals reach only it
         )
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self._wait_healthy()
+        if wait:
+            self.wait_healthy()
 
     def log(self) -> str:
         return self.log_path.read_text()
 
-    def _wait_healthy(self, timeout: float = 180.0) -> None:
+    def wait_healthy(self, timeout: float = 180.0) -> None:
+        """Return once /health answers 200; RuntimeError (with the log) if the server exits
+        first, or if it is not healthy after `timeout` seconds (then it is stopped)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -10,20 +10,17 @@ from __future__ import annotations
 
 import math
 import re
-import sys
-from pathlib import Path
 
+# benchmarks/ is on pytest's pythonpath (pyproject.toml), as the scripts' own folder is on
+# theirs when they run
+import frontend
+import frontend_stack
+import online
+import profile_summary
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import frontend  # noqa: E402
-import frontend_stack  # noqa: E402
-import online  # noqa: E402
-import profile_summary  # noqa: E402
-
-from minisgl.server.buffer import ChoiceOutput, Output  # noqa: E402
-from minisgl.server.formats import SSE_DONE, ChatFormat  # noqa: E402
+from minisgl.server.buffer import ChoiceOutput, Output
+from minisgl.server.formats import SSE_DONE, ChatFormat
 
 
 def _norm(data: bytes) -> bytes:

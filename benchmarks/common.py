@@ -1,0 +1,115 @@
+"""What the benchmark scripts share: CPU accounting from Linux's /proc, waiting for a quiet
+machine, the model configs shipped in benchmarks/configs/, and writing a result file.
+
+Contract:
+- standard library only, so every script can import it, also on a GPU machine that has
+  nothing but the package's own dependencies;
+- the /proc readings return nan where /proc is missing or unreadable, never raise;
+- `wait_quiet` prints nothing: it returns the last reading, and the caller says, in its
+  own report, that it measures on a busy machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+# ---------------------------------------------------------------------------- CPU use
+def _ticks_to_seconds(ticks: float) -> float:
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _proc_stat(path: Path) -> list[str]:
+    """The fields of a /proc/<pid>/stat after the command name (which may hold spaces):
+    [0] state, [2] process group, [11] user ticks, [12] system ticks."""
+    return path.read_text().rsplit(")", 1)[1].split()
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy, all cores and all processes: every
+    column of /proc/stat's `cpu` line up to steal, less idle and iowait."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return _ticks_to_seconds(sum(ticks[:8]) - idle)
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of one process, all its threads."""
+    try:
+        fields = _proc_stat(Path(f"/proc/{pid}/stat"))
+        return _ticks_to_seconds(int(fields[11]) + int(fields[12]))
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def group_cpu_seconds(pgid: int | None) -> float:
+    """User + system CPU seconds of every live process in one process group (a launched
+    server and its workers); nan without a group."""
+    if pgid is None:
+        return float("nan")
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = _proc_stat(stat)
+            if int(fields[2]) == pgid:
+                ticks += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):  # a process that exited meanwhile
+            continue
+    return _ticks_to_seconds(ticks)
+
+
+def wait_quiet(limit_pct: float, timeout: float) -> float:
+    """On a shared machine: wait until the machine's busy CPU (the benchmark's own
+    processes idle meanwhile) stays under `limit_pct` of one core for a second, at most
+    about `timeout` seconds. Returns the last reading in % of one core (nan: no /proc, so
+    no wait); above `limit_pct` when the wait timed out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        a, t = machine_busy_seconds(), time.perf_counter()
+        time.sleep(1.0)
+        busy = 100 * (machine_busy_seconds() - a) / (time.perf_counter() - t)
+        if busy <= limit_pct or math.isnan(busy) or time.monotonic() > deadline:
+            return busy
+        time.sleep(2.0)
+
+
+# ---------------------------------------------------------------------------- models
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--model or --config (resolved by `resolve_model`) and --dummy-weights."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
+    src.add_argument(
+        "--config",
+        default=None,
+        help="a config shipped in benchmarks/configs/ "
+        "(e.g. qwen3-0.6b): a config-only folder, so random weights",
+    )
+    p.add_argument("--dummy-weights", action="store_true", help="random weights of the real shapes")
+
+
+def resolve_model(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`--config NAME`: `args.model` becomes that folder and `args.dummy_weights` is set
+    (the folder holds no weights); an unknown NAME is a usage error listing the shipped ones."""
+    if args.config is None:
+        return
+    folder = CONFIGS / args.config
+    if not (folder / "config.json").is_file():
+        names = sorted(d.name for d in CONFIGS.iterdir() if (d / "config.json").is_file())
+        p.error(f"no config {args.config!r}; shipped: {', '.join(names)}")
+    args.model, args.dummy_weights = str(folder), True
+
+
+# ---------------------------------------------------------------------------- results
+def write_json(path: str | Path, record: dict) -> None:
+    """A result file: the record as indented JSON."""
+    Path(path).write_text(json.dumps(record, indent=2) + "\n")
