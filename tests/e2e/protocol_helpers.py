@@ -36,10 +36,6 @@ class CompletionChunk(Completion):
     choices: list[_CompletionChunkChoice]
 
 
-def client_for(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
-
-
 @dataclass
 class Answer:
     text: dict[int, str] = field(default_factory=dict)

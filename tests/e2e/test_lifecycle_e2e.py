@@ -5,49 +5,35 @@ test /debug/lifecycle is back at zero in all three processes within a second."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 
 import httpx
 import pytest
-from e2e_helpers import SSE_DONE, assert_error_body, chat_body, raw_post, split_sse, start_server
+from e2e_helpers import (
+    CHAT_PATH,
+    ServerSpec,
+    assert_completed_stream,
+    assert_error_body,
+    chat_body,
+    chat_url,
+    chunk_text,
+    raw_post,
+    tokens_body,
+    wait_state,
+)
 
 MAX_SEQ_LEN = 2048
 LONG = 1500  # tokens: a request that stays in flight for a while
 
-
-@pytest.fixture(scope="module")
-def server(long_context_dir):
-    s = start_server(
-        long_context_dir,
-        "--max-seq-len",
-        str(MAX_SEQ_LEN),
-        "--max-running-requests",
-        "64",
+pytestmark = pytest.mark.server(
+    ServerSpec(
+        "long_context_dir", ("--max-seq-len", str(MAX_SEQ_LEN), "--max-running-requests", "64")
     )
-    yield s
-    s.stop()
-
-
-@pytest.fixture(autouse=True)
-def _lifecycle_back_at_zero(server):
-    yield
-    server.wait_zero(1.0)
-
-
-def _url(server) -> str:
-    return f"{server.base_url}/v1/chat/completions"
-
-
-def _wait_running(server, n: int, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (state := server.lifecycle())["scheduler"]["running"] < n:
-        assert time.monotonic() < deadline, f"never {n} running: {state}"
-        time.sleep(0.02)
+)
 
 
 def _still_serves(server) -> None:
-    r = httpx.post(_url(server), json=chat_body(server.model_name, max_tokens=3), timeout=30)
+    r = httpx.post(chat_url(server), json=chat_body(server.model_name, max_tokens=3), timeout=30)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] is not None
 
 
@@ -62,7 +48,7 @@ async def test_32_concurrent_streams_complete_correctly(server):
 
         async def reference(prompt: str, n: int) -> str:
             body = chat_body(server.model_name, prompt, max_tokens=n, temperature=0)
-            r = await http.post(_url(server), json={**body, "ignore_eos": True})
+            r = await http.post(chat_url(server), json={**body, "ignore_eos": True})
             assert r.status_code == 200
             return r.json()["choices"][0]["message"]["content"]
 
@@ -71,7 +57,7 @@ async def test_32_concurrent_streams_complete_correctly(server):
         async def stream(prompt: str, n: int) -> bytes:
             body = chat_body(server.model_name, prompt, max_tokens=n, temperature=0)
             body.update(stream=True, ignore_eos=True)
-            async with http.stream("POST", _url(server), json=body) as r:
+            async with http.stream("POST", chat_url(server), json=body) as r:
                 assert r.status_code == 200
                 return b"".join([part async for part in r.aiter_raw()])
 
@@ -79,11 +65,7 @@ async def test_32_concurrent_streams_complete_correctly(server):
         raws = await asyncio.gather(*(stream(*job) for job in jobs))
 
     for job, raw in zip(jobs, raws):
-        assert raw.endswith(SSE_DONE) and raw.count(SSE_DONE) == 1
-        chunks = [json.loads(p) for p in split_sse(raw)[:-1]]
-        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
-        assert text == expected[job], job
+        assert chunk_text(assert_completed_stream(raw)) == expected[job], job
     server.wait_zero(1.0)
 
 
@@ -94,8 +76,10 @@ async def test_usage_and_text_are_exact_when_the_tokenizer_falls_behind(server):
     body = chat_body(server.model_name, "The capital of", max_tokens=n, temperature=0)
     body["ignore_eos"] = True
     async with httpx.AsyncClient(timeout=120) as http:
-        alone = (await http.post(_url(server), json=body)).json()
-        together = await asyncio.gather(*(http.post(_url(server), json=body) for _ in range(16)))
+        alone = (await http.post(chat_url(server), json=body)).json()
+        together = await asyncio.gather(
+            *(http.post(chat_url(server), json=body) for _ in range(16))
+        )
     assert alone["usage"]["completion_tokens"] == n
     for r in together:
         out = r.json()
@@ -105,8 +89,8 @@ async def test_usage_and_text_are_exact_when_the_tokenizer_falls_behind(server):
 
 # ---------------------------------------------------------------- client disconnects
 def test_disconnect_mid_stream_frees_all_state(server):
-    body = chat_body(server.model_name, stream=True, max_tokens=LONG, ignore_eos=True)
-    with httpx.Client(timeout=30) as http, http.stream("POST", _url(server), json=body) as r:
+    body = tokens_body(server, LONG, stream=True)
+    with httpx.Client(timeout=30) as http, http.stream("POST", chat_url(server), json=body) as r:
         assert r.status_code == 200
         events = 0
         for line in r.iter_lines():
@@ -120,35 +104,28 @@ def test_disconnect_mid_stream_frees_all_state(server):
 
 
 def test_disconnect_mid_non_stream_frees_all_state(server):
-    sock = raw_post(
-        server.port,
-        "/v1/chat/completions",
-        chat_body(server.model_name, max_tokens=LONG, ignore_eos=True),
-    )
+    sock = raw_post(server.port, CHAT_PATH, tokens_body(server, LONG))
     try:
-        _wait_running(server, 1)
+        wait_state(server, lambda s: s["scheduler"]["running"] >= 1, timeout=20.0)
     finally:
         sock.close()
     server.wait_zero(1.0)
     _still_serves(server)
 
 
-def test_early_exit_of_the_openai_stream_frees_all_state(server):
-    import openai
-
-    with openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as client:
-        stream = client.chat.completions.create(
-            model=server.model_name,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=LONG,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        for i, _ in enumerate(stream):
-            if i == 2:
-                assert server.lifecycle()["scheduler"]["running"] == 1  # still generating
-                break
-        stream.close()
+def test_early_exit_of_the_openai_stream_frees_all_state(server, client):
+    stream = client.chat.completions.create(
+        model=server.model_name,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=LONG,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for i, _ in enumerate(stream):
+        if i == 2:
+            assert server.lifecycle()["scheduler"]["running"] == 1  # still generating
+            break
+    stream.close()
     server.wait_zero(1.0)
 
 
@@ -157,7 +134,7 @@ def test_early_exit_of_the_openai_stream_frees_all_state(server):
 def test_over_long_prompt_is_a_prompt_400(server, stream):
     body = chat_body(server.model_name, "x" * (MAX_SEQ_LEN + 50), max_tokens=4, stream=stream)
     start = time.monotonic()
-    r = httpx.post(_url(server), json=body, timeout=30)
+    r = httpx.post(chat_url(server), json=body, timeout=30)
     assert time.monotonic() - start < 2.0
     assert r.status_code == 400
     assert r.headers["content-type"].startswith("application/json")
@@ -165,9 +142,39 @@ def test_over_long_prompt_is_a_prompt_400(server, stream):
     assert error["param"] == "messages"
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize(
+    ("path", "prompt", "param"),
+    [
+        ("/v1/chat/completions", "chat", "messages"),
+        ("/v1/completions", "text", "prompt"),
+        ("/v1/completions", "token_ids", "prompt"),
+    ],
+    ids=["chat", "completions_text", "completions_ids"],
+)
+def test_over_long_prompt_names_the_prompt_field_of_each_endpoint(
+    server, path, prompt, param, stream
+):
+    """The scheduler reports the error as a kind; the API server names the field the
+    client actually sent: `messages` on chat, `prompt` on completions."""
+    long_text = "x" * (MAX_SEQ_LEN + 50)
+    if prompt == "chat":
+        body = chat_body(server.model_name, long_text, max_tokens=4, stream=stream)
+    else:
+        value = long_text if prompt == "text" else [5] * (MAX_SEQ_LEN + 50)
+        body = {"model": server.model_name, "prompt": value, "max_tokens": 4, "stream": stream}
+    r = httpx.post(f"{server.base_url}{path}", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    error = assert_error_body(r.json(), "context_length_exceeded")
+    assert error["param"] == param
+    assert error["type"] == "invalid_request_error"
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_unknown_model_is_404(server, stream):
-    r = httpx.post(_url(server), json={**chat_body("no-such-model"), "stream": stream}, timeout=30)
+    r = httpx.post(
+        chat_url(server), json={**chat_body("no-such-model"), "stream": stream}, timeout=30
+    )
     assert r.status_code == 404
     error = assert_error_body(r.json(), "model_not_found")
     assert error["param"] == "model"
@@ -193,13 +200,13 @@ def test_bad_request_is_400_with_openai_error_body(server, case):
     patch, param = BAD_BODIES[case]
     if isinstance(patch, bytes):
         r = httpx.post(
-            _url(server),
+            chat_url(server),
             content=patch,
             headers={"content-type": "application/json"},
             timeout=30,
         )
     else:
-        r = httpx.post(_url(server), json={**chat_body(server.model_name), **patch}, timeout=30)
+        r = httpx.post(chat_url(server), json={**chat_body(server.model_name), **patch}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.headers["content-type"].startswith("application/json")
     error = assert_error_body(r.json())

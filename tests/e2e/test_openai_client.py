@@ -5,31 +5,13 @@ greedy output is deterministic and the same streamed or not."""
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
-from e2e_helpers import chat_body, prompt_len, start_server
+from e2e_helpers import ServerSpec, chat_body, chat_url, prompt_len
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 CHINESE = "什么是 KV Cache？"
 
-
-@pytest.fixture(scope="module")
-def server(tiny_dirs):
-    s = start_server(tiny_dirs["llama"])
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(autouse=True)
-def _lifecycle_back_at_zero(server):
-    yield
-    server.wait_zero(1.0)
+pytestmark = pytest.mark.server(ServerSpec("llama"))
 
 
 def _messages(content: str) -> list[dict[str, str]]:
@@ -65,9 +47,7 @@ def test_finish_reason_is_stop_or_length_and_counts_agree(server, client):
 
 def test_raw_json_validates_strictly(server):
     r = httpx.post(
-        f"{server.base_url}/v1/chat/completions",
-        json=chat_body(server.model_name, "hi", max_tokens=5),
-        timeout=30,
+        chat_url(server), json=chat_body(server.model_name, "hi", max_tokens=5), timeout=30
     )
     assert r.status_code == 200 and r.headers["content-type"].startswith("application/json")
     completion = ChatCompletion.model_validate(r.json(), strict=True)

@@ -17,30 +17,14 @@ from __future__ import annotations
 
 import openai
 import pytest
-from protocol_helpers import (
-    LONG,
-    ask,
-    assert_bad_param,
-    client_for,
-    hf_tokenizer,
-    plain,
-    token_texts,
-)
+from e2e_helpers import PROTOCOL_SERVER
+from protocol_helpers import LONG, Answer, ask, assert_bad_param, hf_tokenizer, plain, token_texts
 from tiny import EOS_ID
 
 PROMPTS = ["The capital of France is", "def forward(self, x):", "Streaming responses send"]
 PARIS = 407  # the token " Paris" of the tiny tokenizer
 
-
-@pytest.fixture(scope="module")
-def server(protocol_server):
-    return protocol_server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with client_for(server) as c:
-        yield c
+pytestmark = pytest.mark.server(PROTOCOL_SERVER)
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +32,11 @@ def tok(long_context_dir):
     return hf_tokenizer(str(long_context_dir))
 
 
-@pytest.fixture(autouse=True)
-def _lifecycle_back_at_zero(server):
-    yield
-    server.wait_zero(1.0)
-
-
 def _greedy(client, server, prompt, max_tokens: int, **extra) -> str:
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         False,
-        model=server.model_name,
         prompt=prompt,
         max_tokens=max_tokens,
         temperature=0,
@@ -71,12 +48,10 @@ def _greedy(client, server, prompt, max_tokens: int, **extra) -> str:
 
 def _reference(client, server, max_tokens: int = 120) -> tuple[str, list[str]]:
     """A greedy completion of PROMPTS[0] and the text of each of its tokens."""
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         False,
-        model=server.model_name,
-        prompt=PROMPTS[0],
         max_tokens=max_tokens,
         temperature=0,
         logprobs=0,
@@ -85,6 +60,13 @@ def _reference(client, server, max_tokens: int = 120) -> tuple[str, list[str]]:
     tokens = [t for t, _, _, _ in ans.logprobs[0]]
     assert len(tokens) == max_tokens
     return ans.only(), tokens
+
+
+def _completion(client, server, stream: bool, **params) -> Answer:
+    """`ask` the server for a completion, of PROMPTS[0] unless `prompt` is given."""
+    return ask(
+        client, "completions", stream, model=server.model_name, **{"prompt": PROMPTS[0], **params}
+    )
 
 
 def _scheduler_idle(server) -> None:
@@ -99,12 +81,10 @@ def _scheduler_idle(server) -> None:
 
 # ---------------------------------------------------------------- prompts
 def test_string_prompt_gives_a_text_completion_with_real_usage(server, client, tok):
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         False,
-        model=server.model_name,
-        prompt=PROMPTS[0],
         max_tokens=9,
         extra_body={"ignore_eos": True},
     )
@@ -115,12 +95,10 @@ def test_string_prompt_gives_a_text_completion_with_real_usage(server, client, t
 
 
 def test_completions_default_to_16_tokens_like_openai(server, client):
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         False,
-        model=server.model_name,
-        prompt=PROMPTS[0],
         extra_body={"ignore_eos": True},
     )
     assert ans.usage.completion_tokens == 16 and ans.finish == {0: "length"}
@@ -137,11 +115,10 @@ def test_every_prompt_form_gives_the_same_greedy_text(server, client, tok, form,
         "token_ids": ids,
         "list_of_id_lists": [ids],
     }[form]
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         stream,
-        model=server.model_name,
         prompt=prompt,
         max_tokens=12,
         temperature=0,
@@ -162,11 +139,10 @@ def test_prompts_times_n_choices_are_indexed_prompt_times_n_plus_choice(
     expected = [_greedy(client, server, p, max_tokens) for p in PROMPTS]
     assert len(set(expected)) == len(PROMPTS)  # distinct texts: the index mapping shows
     prompts = [tok.encode(p) for p in PROMPTS] if as_ids else PROMPTS
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         stream,
-        model=server.model_name,
         prompt=prompts,
         n=n,
         max_tokens=max_tokens,
@@ -189,11 +165,10 @@ def test_prompts_times_n_choices_are_indexed_prompt_times_n_plus_choice(
 def test_echo_puts_the_prompt_text_first_in_every_choice(server, client, tok, stream):
     expected = [_greedy(client, server, p, 5) for p in PROMPTS[:2]]
     ids = tok.encode(PROMPTS[1])
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         stream,
-        model=server.model_name,
         prompt=PROMPTS[:2],
         n=2,
         echo=True,
@@ -205,11 +180,10 @@ def test_echo_puts_the_prompt_text_first_in_every_choice(server, client, tok, st
         for c in range(2):
             assert ans.text[p * 2 + c] == PROMPTS[p] + expected[p], (p, c)
     # a prompt given as token ids is echoed as its text
-    by_ids = ask(
+    by_ids = _completion(
         client,
-        "completions",
+        server,
         stream,
-        model=server.model_name,
         prompt=ids,
         echo=True,
         max_tokens=5,
@@ -240,12 +214,10 @@ def test_stop_string_across_a_token_boundary_is_trimmed_and_stops_the_scheduler(
 ):
     text, tokens = _reference(client, server)
     j, stop = _crafted_stop(text, tokens)
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         stream,
-        model=server.model_name,
-        prompt=PROMPTS[0],
         max_tokens=LONG,
         temperature=0,
         stop=["never in this output \u2603", stop] if as_list else stop,
@@ -294,12 +266,10 @@ def test_stop_string_in_a_streamed_chat_is_trimmed_and_stops_the_scheduler(serve
 def test_stop_string_ends_each_of_n_choices_on_its_own(server, client):
     text, tokens = _reference(client, server)
     j, stop = _crafted_stop(text, tokens)
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         False,
-        model=server.model_name,
-        prompt=PROMPTS[0],
         n=3,
         max_tokens=LONG,
         temperature=0,
@@ -315,12 +285,10 @@ def test_stop_string_ends_each_of_n_choices_on_its_own(server, client):
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_stop_strings_apply_to_the_output_not_to_the_echoed_prompt(server, client, stream):
     expected = _greedy(client, server, PROMPTS[0], 10)
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         stream,
-        model=server.model_name,
-        prompt=PROMPTS[0],
         echo=True,
         stop=["capital"],  # in the prompt only
         max_tokens=10,
@@ -349,12 +317,10 @@ def test_stop_token_id_ends_with_stop_and_its_text_is_not_in_the_output(
     )
     (stop_id,) = vocab[tokens[j]]
     before = _greedy(client, server, PROMPTS[0], j)
-    ans = ask(
+    ans = _completion(
         client,
-        "completions",
+        server,
         stream,
-        model=server.model_name,
-        prompt=PROMPTS[0],
         max_tokens=LONG,
         temperature=0,
         extra_body={"ignore_eos": True, "stop_token_ids": [stop_id]},
@@ -370,17 +336,17 @@ def test_stop_token_id_ends_with_stop_and_its_text_is_not_in_the_output(
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_eos_ends_the_choice_unless_ignore_eos(server, client, stream):
     common = dict(
-        model=server.model_name,
-        prompt=PROMPTS[0],
         max_tokens=8,
         temperature=0,
         logit_bias={str(EOS_ID): 100},  # greedy now picks the end token every time
     )
     extra = {"stream_options": {"include_usage": True}} if stream else {}
-    ended = ask(client, "completions", stream, **common, **extra)
+    ended = _completion(client, server, stream, **common, **extra)
     assert ended.finish == {0: "stop"} and ended.usage.completion_tokens == 1
     assert ended.only() == ""
-    ignored = ask(client, "completions", stream, **common, **extra, extra_body={"ignore_eos": True})
+    ignored = _completion(
+        client, server, stream, **common, **extra, extra_body={"ignore_eos": True}
+    )
     assert ignored.finish == {0: "length"} and ignored.usage.completion_tokens == 8
     assert ignored.only() == ""  # the end token is special: it has no text
 
@@ -396,17 +362,15 @@ def test_min_tokens_holds_off_a_forced_end_token(server, client, tok, stream, en
     # the five tokens that come instead: greedy with the end token pushed away
     expected = _greedy(client, server, PROMPTS[0], 5, logit_bias={str(end_id): -100})
     common = dict(
-        model=server.model_name,
-        prompt=PROMPTS[0],
         max_tokens=20,
         temperature=0,
         logit_bias={str(end_id): 100},
     )
     if stream:
         common["stream_options"] = {"include_usage": True}
-    at_once = ask(client, "completions", stream, **common, extra_body=extra)
+    at_once = _completion(client, server, stream, **common, extra_body=extra)
     assert at_once.finish == {0: "stop"} and at_once.usage.completion_tokens == 1
-    held = ask(client, "completions", stream, **common, extra_body={**extra, "min_tokens": 5})
+    held = _completion(client, server, stream, **common, extra_body={**extra, "min_tokens": 5})
     assert held.finish == {0: "stop"}
     assert held.usage.completion_tokens == 6
     # the five tokens' text (an incomplete last character may be dropped or shown as

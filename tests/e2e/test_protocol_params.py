@@ -15,35 +15,19 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 
 import httpx
 import openai
 import pytest
-from e2e_helpers import prompt_len, scrape_metrics
-from protocol_helpers import LONG, ask, assert_bad_param, client_for, hf_tokenizer, plain
+from e2e_helpers import PROTOCOL_SERVER, metric, prompt_len, scrape_metrics, wait_state
+from protocol_helpers import LONG, ask, assert_bad_param, hf_tokenizer, plain
 from tiny import EOS_ID
 
 PROMPT = "The capital of France is"
 PARIS = 407  # the token " Paris" of the tiny tokenizer
 MESSAGES = [{"role": "user", "content": "Streaming responses"}]
 
-
-@pytest.fixture(scope="module")
-def server(protocol_server):
-    return protocol_server
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    with client_for(server) as c:
-        yield c
-
-
-@pytest.fixture(autouse=True)
-def _lifecycle_back_at_zero(server):
-    yield
-    server.wait_zero(1.0)
+pytestmark = pytest.mark.server(PROTOCOL_SERVER)
 
 
 def _params(server, endpoint: str, **params) -> dict:
@@ -51,10 +35,6 @@ def _params(server, endpoint: str, **params) -> dict:
     if endpoint == "chat":
         return {"model": server.model_name, "messages": MESSAGES, **params}
     return {"model": server.model_name, "prompt": PROMPT, **params}
-
-
-def _counter(metrics: dict, name: str, **labels: str) -> float:
-    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def _prompt_tokens(server, endpoint: str) -> int:
@@ -126,10 +106,7 @@ def test_disconnect_mid_stream_aborts_all_n_choices(server, client):
     try:
         chunks = iter(stream)
         next(chunks)
-        deadline = time.monotonic() + 20
-        while (state := server.lifecycle())["scheduler"]["running"] < 4:
-            assert time.monotonic() < deadline, state
-            time.sleep(0.01)
+        wait_state(server, lambda s: s["scheduler"]["running"] >= 4, timeout=20)
         next(chunks)
     finally:
         stream.close()  # the client goes away mid-stream
@@ -137,8 +114,8 @@ def test_disconnect_mid_stream_aborts_all_n_choices(server, client):
     assert state["scheduler"]["running"] == 0
     after = scrape_metrics(server.base_url)
     name = "minisgl_requests_total"
-    aborted = _counter(after, name, outcome="aborted_client", code="")
-    assert aborted - _counter(before, name, outcome="aborted_client", code="") == 1
+    aborted = metric(after, name, outcome="aborted_client", code="")
+    assert aborted - metric(before, name, outcome="aborted_client", code="") == 1
 
 
 def test_n_choices_prefill_the_prompt_once_and_share_its_pages(server, client):
@@ -176,7 +153,7 @@ def test_n_choices_prefill_the_prompt_once_and_share_its_pages(server, client):
     assert ans.usage.prompt_tokens == prompt_len  # counted once, not n times
     assert ans.usage.completion_tokens == n * max_tokens
     prompt_in = "minisgl_prompt_tokens_total"
-    assert _counter(after, prompt_in) - _counter(before, prompt_in) == prompt_len
+    assert metric(after, prompt_in) - metric(before, prompt_in) == prompt_len
 
     all_running = [s for s in samples if s["running"] == n]
     assert all_running, f"never saw the {n} choices decode together: {samples}"

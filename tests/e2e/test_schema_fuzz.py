@@ -25,7 +25,7 @@ import httpx
 import hypothesis
 import pytest
 import schemathesis
-from e2e_helpers import assert_error_body, chat_body, start_server
+from e2e_helpers import CHAT_PATH, ServerSpec, assert_error_body, chat_body, chat_url
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from openai.types.chat import ChatCompletion
@@ -33,7 +33,6 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.errors import FailureGroup
 
-PATH = "/v1/chat/completions"
 TIME_LIMIT_S = 20.0  # a 256-token context decodes in well under a second; this is a hang
 EXAMPLES = {"POST /v1/chat/completions": 100}  # per mode; operations without input need few
 FEW_EXAMPLES = 5
@@ -45,27 +44,20 @@ OPERATIONS = {
     "GET /debug/lifecycle",
 }
 
-
-@pytest.fixture(scope="module")
-def server(tiny_dirs):
-    s = start_server(tiny_dirs["llama"])
-    yield s
-    s.stop()
+pytestmark = pytest.mark.server(ServerSpec("llama"))
 
 
 @pytest.fixture
-def fuzz_server(tiny_dirs):
+def fuzz_server(start_server):
     """One server per fuzz run: a case that brings a worker down fails only its own run."""
-    s = start_server(tiny_dirs["llama"])
-    yield s
-    s.stop()
+    return start_server("llama")
 
 
 def _check_answer(server, case, response) -> None:
     case.validate_response(response, checks=[not_a_server_error])
     if response.status_code >= 400:
         assert_error_body(response.json())
-    elif case.path == PATH and isinstance(case.body, dict) and not case.body.get("stream"):
+    elif case.path == CHAT_PATH and isinstance(case.body, dict) and not case.body.get("stream"):
         ChatCompletion.model_validate(response.json())
 
 
@@ -143,36 +135,33 @@ EDGE_INTEGERS = [
 ]
 
 
-def test_integers_past_64_bits_are_refused_or_clamped_never_a_server_error(tiny_dirs):
+def test_integers_past_64_bits_are_refused_or_clamped_never_a_server_error(start_server):
     """Each is either served (a seed reduced to 64 bits, top_k and max_tokens clamped to
     the vocabulary and the context) or refused with 400 naming the parameter; never a 500,
     and never a dead worker."""
     problems = []
-    server = start_server(tiny_dirs["llama"])
-    try:
-        for name, value in EDGE_INTEGERS:
-            body = {**chat_body(server.model_name, max_tokens=4, temperature=0.7), name: value}
-            r = httpx.post(
-                server.base_url + PATH,
-                content=json.dumps(body),
-                timeout=30,
-                headers={"content-type": "application/json"},
-            )
-            if r.status_code == 200:
-                assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
-            elif r.status_code == 400:
-                error = assert_error_body(r.json(), "invalid_value")
-                assert error["param"] == name, error
-            else:
-                problems.append(f"{name}={value}: HTTP {r.status_code} {r.text[:200]}")
-            if httpx.get(server.base_url + "/health", timeout=10).status_code != 200:
-                problems.append(f"{name}={value}: the server is down: {server.log()[-1500:]}")
-                server.stop(signal.SIGKILL)
-                server = start_server(tiny_dirs["llama"])
-            else:
-                server.wait_zero(2.0)
-    finally:
-        server.stop()
+    server = start_server("llama")
+    for name, value in EDGE_INTEGERS:
+        body = {**chat_body(server.model_name, max_tokens=4, temperature=0.7), name: value}
+        r = httpx.post(
+            chat_url(server),
+            content=json.dumps(body),
+            timeout=30,
+            headers={"content-type": "application/json"},
+        )
+        if r.status_code == 200:
+            assert r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        elif r.status_code == 400:
+            error = assert_error_body(r.json(), "invalid_value")
+            assert error["param"] == name, error
+        else:
+            problems.append(f"{name}={value}: HTTP {r.status_code} {r.text[:200]}")
+        if httpx.get(server.base_url + "/health", timeout=10).status_code != 200:
+            problems.append(f"{name}={value}: the server is down: {server.log()[-1500:]}")
+            server.stop(signal.SIGKILL)
+            server = start_server("llama")
+        else:
+            server.wait_zero(2.0)
     assert not problems, "\n".join(problems)
 
 
@@ -181,7 +170,7 @@ def test_a_tiny_temperature_samples_like_greedy(server, temperature):
     """temperature -> 0 is greedy decoding; a positive temperature too small for float32
     must not turn the logits into inf/NaN."""
     body = chat_body(server.model_name, "The capital of", max_tokens=12, ignore_eos=True)
-    url = server.base_url + PATH
+    url = chat_url(server)
     greedy = httpx.post(url, json={**body, "temperature": 0.0}, timeout=30).json()
     tiny = httpx.post(url, json={**body, "temperature": temperature, "seed": 7}, timeout=30)
     assert tiny.status_code == 200, tiny.text
@@ -200,7 +189,7 @@ def test_a_lone_surrogate_escape_in_the_content_is_not_a_server_error(server, st
     raw = json.dumps(body)  # ensure_ascii: the lone surrogate goes out as the escape
     assert "\\udaf1" in raw
     r = httpx.post(
-        server.base_url + PATH,
+        chat_url(server),
         content=raw.encode(),
         headers={"content-type": "application/json"},
         timeout=30,

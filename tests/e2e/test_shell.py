@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pexpect
 import pytest
+
 from minisgl.testing.server import group_alive
 
 PROMPT = ">>> "

@@ -10,53 +10,49 @@ few hundred tokens fill the ~3 MB that loopback socket buffers absorb before a s
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import httpx
 import pytest
 from e2e_helpers import (
+    CHAT_PATH,
     SSE_DONE,
     TOKEN_CHARS,
+    ServerSpec,
+    assert_completed_stream,
     assert_error_body,
-    chat_body,
+    chat_url,
+    chunk_text,
     dechunk,
     raw_post,
+    read_until_closed,
     split_sse,
-    start_server,
+    tokens_body,
 )
 
 STALL_S = 2.0
 PENDING_CAP = 32 * TOKEN_CHARS  # about 32 tokens of unread text
-PATH = "/v1/chat/completions"
 
-
-@pytest.fixture(scope="module")
-def server(long_token_dir):
-    s = start_server(
-        long_token_dir,
-        "--max-seq-len",
-        "4096",
-        "--max-running-requests",
-        "4",
-        "--client-stall-timeout",
-        str(STALL_S),
-        "--max-pending-bytes",
-        str(PENDING_CAP),
+pytestmark = pytest.mark.server(
+    ServerSpec(
+        "long_token_dir",
+        (
+            "--max-seq-len",
+            "4096",
+            "--max-running-requests",
+            "4",
+            "--client-stall-timeout",
+            str(STALL_S),
+            "--max-pending-bytes",
+            str(PENDING_CAP),
+        ),
     )
-    yield s
-    s.stop()
-
-
-@pytest.fixture(autouse=True)
-def _lifecycle_back_at_zero(server):
-    yield
-    server.wait_zero(1.0)
+)
 
 
 def _endless_stream(server) -> dict:
     # 4000 tokens of 16 KB: far more than any socket buffer, so it cannot finish unread
-    return chat_body(server.model_name, stream=True, max_tokens=4000, ignore_eos=True)
+    return tokens_body(server, 4000, stream=True)
 
 
 def _wait_backend_freed(server, timeout: float = 60.0) -> float:
@@ -74,29 +70,17 @@ def _wait_backend_freed(server, timeout: float = 60.0) -> float:
     raise AssertionError(f"the request was never dropped by the scheduler: {state}")
 
 
-def _drain(sock: socket.socket, into: bytearray, timeout: float = 10.0) -> None:
-    """Read everything until the server closes the connection (or resets it)."""
-    sock.settimeout(timeout)
-    try:
-        while chunk := sock.recv(1 << 16):
-            into += chunk
-    except ConnectionResetError:
-        pass
-
-
 def test_a_client_that_keeps_up_gets_every_token(server):
-    body = chat_body(server.model_name, stream=True, max_tokens=20, ignore_eos=True)
-    with httpx.stream("POST", server.base_url + PATH, json=body, timeout=60) as r:
+    body = tokens_body(server, 20, stream=True)
+    with httpx.stream("POST", chat_url(server), json=body, timeout=60) as r:
         raw = r.read()
-    assert r.status_code == 200 and raw.endswith(SSE_DONE)
-    chunks = [json.loads(p) for p in split_sse(raw)[:-1]]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert r.status_code == 200
+    text = chunk_text(assert_completed_stream(raw))
     assert len(text) > TOKEN_CHARS  # several of the 16 KB tokens went through
 
 
 def test_a_client_that_reads_nothing_is_aborted_after_the_stall_timeout(server):
-    sock = raw_post(server.port, PATH, _endless_stream(server), rcvbuf=4096)
+    sock = raw_post(server.port, CHAT_PATH, _endless_stream(server), rcvbuf=4096)
     try:
         freed = _wait_backend_freed(server)
         # the stall clock started when the send blocked, before the backend was freed
@@ -105,7 +89,7 @@ def test_a_client_that_reads_nothing_is_aborted_after_the_stall_timeout(server):
         log = server.log()
         assert "read nothing" in log, log[-3000:]
         received = bytearray()
-        _drain(sock, received)  # the server closed the connection: the drain ends
+        read_until_closed(sock, received)  # the server closed the connection: the drain ends
     finally:
         sock.close()
     body, complete = dechunk(bytes(received))
@@ -114,7 +98,7 @@ def test_a_client_that_reads_nothing_is_aborted_after_the_stall_timeout(server):
 
 
 def test_a_client_that_reads_slowly_is_aborted_past_max_pending_bytes(server):
-    sock = raw_post(server.port, PATH, _endless_stream(server), rcvbuf=4096)
+    sock = raw_post(server.port, CHAT_PATH, _endless_stream(server), rcvbuf=4096)
     received = bytearray()
     try:
         sock.settimeout(10)
@@ -130,7 +114,7 @@ def test_a_client_that_reads_slowly_is_aborted_past_max_pending_bytes(server):
         freed = time.monotonic()
         log = server.log()
         assert "wait unread" in log, log[-3000:]  # the pending-bytes cap fired
-        _drain(sock, received)  # catch up: what is still on its way, if anything
+        read_until_closed(sock, received)  # catch up: what is still on its way, if anything
         server.wait_zero(1.0)
         assert time.monotonic() - freed < STALL_S + 2.0
     finally:

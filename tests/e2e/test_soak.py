@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import random
 import time
@@ -27,19 +26,18 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 from e2e_helpers import (
+    CHAT_PATH,
     SSE_DONE,
+    ServerSpec,
     assert_error_body,
     chat_body,
     scrape_metrics,
-    split_sse,
-    start_server,
+    sse_chunks,
 )
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
 from minisgl.testing.server import RunningServer, group_rss_bytes
 
-pytestmark = pytest.mark.soak
-
-PATH = "/v1/chat/completions"
 MAX_SEQ_LEN = 512  # short: a max_tokens=10**9 request clamps to under 512 tokens
 CLIENTS = 64
 ROUNDS = int(os.environ.get("MINISGL_SOAK_ROUNDS", "5"))
@@ -48,12 +46,10 @@ REQUESTS = int(os.environ.get("MINISGL_SOAK_REQUESTS", "1200"))
 PROMPTS = ["The capital of France is", "什么是 KV Cache？", "def forward(self, x):", "🚀 ✨ hi"]
 MB = 1 << 20
 
-
-@pytest.fixture(scope="module")
-def server(long_context_dir):
-    s = start_server(long_context_dir, "--max-seq-len", str(MAX_SEQ_LEN))
-    yield s
-    s.stop()
+pytestmark = [
+    pytest.mark.soak,
+    pytest.mark.server(ServerSpec("long_context_dir", ("--max-seq-len", str(MAX_SEQ_LEN)))),
+]
 
 
 @dataclass
@@ -100,7 +96,7 @@ def _check_completion(r: httpx.Response, body: dict, tally: Tally, clamped: bool
 
 def _check_stream(raw: bytes, body: dict) -> None:
     _check(raw.endswith(SSE_DONE) and raw.count(SSE_DONE) == 1, f"no [DONE]: {raw[-300:]!r}")
-    chunks = [json.loads(p) for p in split_sse(raw)[:-1]]
+    chunks = sse_chunks(raw)
     _check(len(chunks) >= 2, f"too few chunks: {chunks}")
     _check(all("error" not in c for c in chunks), f"error event: {chunks[-1]}")
     for c in chunks:
@@ -149,12 +145,12 @@ async def _read_stream(r: httpx.Response, delay: tuple[float, float] | None, rng
 
 async def normal(http, rng, model, tally):
     body = _good_body(rng, model, stream=False)
-    _check_completion(await http.post(PATH, json=body), body, tally)
+    _check_completion(await http.post(CHAT_PATH, json=body), body, tally)
 
 
 async def normal_stream(http, rng, model, tally):
     body = _good_body(rng, model, stream=True)
-    async with http.stream("POST", PATH, json=body) as r:
+    async with http.stream("POST", CHAT_PATH, json=body) as r:
         _check(r.status_code == 200, f"status {r.status_code}")
         _check(r.headers["content-type"].startswith("text/event-stream"), str(r.headers))
         _check_stream(await _read_stream(r, None, rng), body)
@@ -163,7 +159,7 @@ async def normal_stream(http, rng, model, tally):
 async def slow_reader(http, rng, model, tally):
     """Reads every piece late: slower than the server, far from the stall timeout."""
     body = _good_body(rng, model, stream=True)
-    async with http.stream("POST", PATH, json=body) as r:
+    async with http.stream("POST", CHAT_PATH, json=body) as r:
         _check(r.status_code == 200, f"status {r.status_code}")
         _check_stream(await _read_stream(r, (0.005, 0.04), rng), body)
 
@@ -176,7 +172,7 @@ async def disconnect_stream(http, rng, model, tally):
             await asyncio.wait_for(_stream_to_end(http, body), rng.uniform(0.0, 0.05))
         return
     leave_after = rng.randint(1, 10)
-    async with http.stream("POST", PATH, json=body) as r:
+    async with http.stream("POST", CHAT_PATH, json=body) as r:
         _check(r.status_code == 200, f"status {r.status_code}")
         seen = 0
         async for _ in r.aiter_raw():
@@ -186,7 +182,7 @@ async def disconnect_stream(http, rng, model, tally):
 
 
 async def _stream_to_end(http, body) -> None:
-    async with http.stream("POST", PATH, json=body) as r:
+    async with http.stream("POST", CHAT_PATH, json=body) as r:
         await r.aread()
 
 
@@ -195,7 +191,7 @@ async def disconnect_full(http, rng, model, tally):
     body = chat_body(model, rng.choice(PROMPTS), max_tokens=rng.choice([16, 400]))
     body["ignore_eos"] = True
     try:
-        r = await asyncio.wait_for(http.post(PATH, json=body), rng.uniform(0.0, 0.3))
+        r = await asyncio.wait_for(http.post(CHAT_PATH, json=body), rng.uniform(0.0, 0.3))
     except asyncio.TimeoutError:
         return
     _check_completion(r, body, tally)  # it was faster than the client's patience
@@ -203,7 +199,7 @@ async def disconnect_full(http, rng, model, tally):
 
 async def bad_json(http, rng, model, tally):
     r = await http.post(
-        PATH, content=b'{"model": "' + model.encode() + b'", "messages": [{', headers=_JSON
+        CHAT_PATH, content=b'{"model": "' + model.encode() + b'", "messages": [{', headers=_JSON
     )
     _check_error(r, 400, None)
 
@@ -223,27 +219,27 @@ WRONG_TYPES = [
 async def wrong_type(http, rng, model, tally):
     name, value = rng.choice(WRONG_TYPES)
     body = {**chat_body(model, max_tokens=8), name: value}
-    _check_error(await http.post(PATH, json=body), 400, "invalid_value", name)
+    _check_error(await http.post(CHAT_PATH, json=body), 400, "invalid_value", name)
 
 
 async def unknown_model(http, rng, model, tally):
     body = chat_body("no-such-model", stream=rng.random() < 0.5)
-    _check_error(await http.post(PATH, json=body), 404, "model_not_found", "model")
+    _check_error(await http.post(CHAT_PATH, json=body), 404, "model_not_found", "model")
 
 
 async def over_long_prompt(http, rng, model, tally):
     body = chat_body(model, "x" * (MAX_SEQ_LEN + rng.randint(1, 200)), stream=rng.random() < 0.5)
-    _check_error(await http.post(PATH, json=body), 400, "context_length_exceeded", "messages")
+    _check_error(await http.post(CHAT_PATH, json=body), 400, "context_length_exceeded", "messages")
 
 
 async def huge_max_tokens(http, rng, model, tally):
     """Allowed: clamped to what the context holds, so it ends with finish_reason length."""
     body = chat_body(model, rng.choice(PROMPTS), max_tokens=10**9, ignore_eos=True)
     if rng.random() < 0.5:
-        _check_completion(await http.post(PATH, json=body), body, tally, clamped=True)
+        _check_completion(await http.post(CHAT_PATH, json=body), body, tally, clamped=True)
         return
     body["stream"] = True
-    async with http.stream("POST", PATH, json=body) as r:
+    async with http.stream("POST", CHAT_PATH, json=body) as r:
         _check(r.status_code == 200, f"status {r.status_code}")
         _check_stream(await _read_stream(r, None, rng), body)
 

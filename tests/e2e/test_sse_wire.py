@@ -7,26 +7,15 @@ import json
 
 import httpx
 import pytest
-from e2e_helpers import SSE_DONE, chat_body, split_sse, start_server
+from e2e_helpers import SSE_DONE, ServerSpec, chat_body, chat_url, split_sse, sse_chunks
 from openai.types.chat import ChatCompletionChunk
 
-
-@pytest.fixture(scope="module")
-def server(tiny_dirs):
-    s = start_server(tiny_dirs["qwen3"])
-    yield s
-    s.stop()
-
-
-@pytest.fixture(autouse=True)
-def _lifecycle_back_at_zero(server):
-    yield
-    server.wait_zero(1.0)
+pytestmark = pytest.mark.server(ServerSpec("qwen3"))
 
 
 def _stream_raw(server, **params) -> tuple[httpx.Response, bytes]:
     body = chat_body(server.model_name, "Streaming responses send tokens", stream=True, **params)
-    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=30) as r:
+    with httpx.stream("POST", chat_url(server), json=body, timeout=30) as r:
         raw = b"".join(r.iter_raw())
     return r, raw
 
@@ -49,7 +38,7 @@ def test_every_event_is_a_data_line_and_done_comes_once_at_the_end(server, max_t
 
 def test_chunk_ids_are_one_chatcmpl_id(server):
     _, raw = _stream_raw(server, max_tokens=10, ignore_eos=True)
-    chunks = [json.loads(p) for p in split_sse(raw)[:-1]]
+    chunks = sse_chunks(raw)
     ids = {c["id"] for c in chunks}
     assert len(ids) == 1 and ids.pop().startswith("chatcmpl-")
     assert {c["model"] for c in chunks} == {server.model_name}

@@ -1,0 +1,68 @@
+"""Admission control on the real server (tiny Llama, 32k context, at most two requests at
+once): a request past --max-concurrent-requests gets 503 with Retry-After at once instead
+of waiting in a queue, for streams and non-streams alike; the server stays healthy, a
+freed slot is served again, and /debug/lifecycle ends at zero."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+from e2e_helpers import (
+    ENDLESS,
+    GENERATED_ID,
+    LIMITS_SERVER,
+    HeldStream,
+    assert_completed_stream,
+    assert_error_body,
+    chat_url,
+    tokens_body,
+)
+
+pytestmark = pytest.mark.server(LIMITS_SERVER)
+
+
+async def test_requests_past_the_concurrency_limit_get_503_with_retry_after_at_once(server):
+    url = chat_url(server)
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=32)) as http:
+        # one stream that will finish on its own, one that only the client ends
+        finishing = HeldStream(http, url, tokens_body(server, 3000, stream=True))
+        held = HeldStream(http, url, tokens_body(server, ENDLESS, stream=True))
+        async with finishing, held:
+            assert finishing.response.status_code == held.response.status_code == 200
+            await finishing.first()
+            await held.first()
+            assert server.lifecycle()["frontend"]["requests"] == 2
+
+            async def refused(stream: bool) -> tuple[httpx.Response, float]:
+                start = time.monotonic()
+                r = await http.post(url, json=tokens_body(server, 4, stream=stream))
+                return r, time.monotonic() - start
+
+            burst = await asyncio.gather(*(refused(i % 2 == 1) for i in range(8)))
+            for r, took in burst:
+                assert r.status_code == 503, r.text
+                assert_error_body(r.json(), "overloaded")
+                assert r.json()["error"]["type"] == "server_error"
+                assert int(r.headers["retry-after"]) >= 1
+                assert GENERATED_ID.match(r.headers["x-request-id"])
+                # a queued request would wait minutes for the held stream
+                assert took < 5.0
+            # nothing queued behind the two, and a busy server is still healthy
+            assert server.lifecycle()["frontend"]["requests"] == 2
+            assert (await http.get(server.base_url + "/health")).status_code == 200
+
+            assert_completed_stream(await finishing.rest())
+            # one slot free again: a request is served while the held stream runs on
+            r = await http.post(url, json=tokens_body(server, 4))
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+        # leaving the block closed the held stream: both slots free
+        server.wait_zero(2.0)
+        again = await asyncio.gather(
+            *(http.post(url, json=tokens_body(server, 4)) for _ in range(2))
+        )
+        assert [r.status_code for r in again] == [200, 200]
+    server.wait_zero(1.0)

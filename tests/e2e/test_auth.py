@@ -1,0 +1,87 @@
+"""The API key on the real server (tiny Llama with --api-key): every /v1 route answers 401
+invalid_api_key to a request without exactly `Authorization: Bearer <key>`, before its body
+is even parsed, keeping the client's X-Request-Id and never echoing the key; the right key
+is served, /health, /metrics and /debug/lifecycle stay open, each 401 is counted in
+/metrics as an error, and the key may come from MINISGL_API_KEY instead of the flag."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from e2e_helpers import (
+    API_KEY,
+    AUTH,
+    CHAT_PATH,
+    KEY_SERVER,
+    assert_completed_stream,
+    assert_error_body,
+    changed,
+    chat_body,
+    chat_url,
+    request_counts,
+    scrape_metrics,
+)
+
+pytestmark = pytest.mark.server(KEY_SERVER)
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [None, "Bearer wrong-key", f"Bearer {API_KEY}x", API_KEY, f"Basic {API_KEY}", "Bearer"],
+    ids=["missing", "wrong", "longer", "no_scheme", "basic", "empty"],
+)
+def test_v1_routes_without_the_right_bearer_key_get_401(server, auth):
+    headers = {"x-request-id": "auth-probe"}
+    if auth is not None:
+        headers["authorization"] = auth
+    body = chat_body(server.model_name, max_tokens=1)
+    requests = [
+        ("GET", "/v1/models", None),
+        ("POST", CHAT_PATH, body),
+        ("POST", CHAT_PATH, {**body, "stream": True}),
+        ("POST", CHAT_PATH, b"not json at all"),  # refused before it is parsed
+        ("GET", "/v1/no-such-route", None),
+    ]
+    for method, path, payload in requests:
+        kw = {"content": payload} if isinstance(payload, bytes) else {"json": payload}
+        r = httpx.request(method, server.base_url + path, headers=headers, timeout=30, **kw)
+        assert r.status_code == 401, (path, r.text)
+        assert_error_body(r.json(), "invalid_api_key")
+        assert r.headers["x-request-id"] == "auth-probe"
+        assert "invalid_api_key" in r.text and API_KEY not in r.text
+    server.wait_zero(1.0)
+
+
+def test_the_right_bearer_key_is_served_and_other_routes_stay_open(server):
+    base = server.base_url
+    body = chat_body(server.model_name, max_tokens=2, ignore_eos=True)
+    r = httpx.post(chat_url(server), json=body, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 2
+    with httpx.stream("POST", chat_url(server), json={**body, "stream": True}, headers=AUTH) as r:
+        assert r.status_code == 200
+        assert_completed_stream(r.read())
+    assert httpx.get(base + "/v1/models", headers=AUTH).status_code == 200
+    for path in ("/health", "/metrics", "/debug/lifecycle"):
+        assert httpx.get(base + path, timeout=10).status_code == 200, path
+    server.wait_zero(1.0)
+
+
+def test_401_answers_are_counted_as_errors(server):
+    before = scrape_metrics(server.base_url)
+    for _ in range(3):
+        r = httpx.post(chat_url(server), json=chat_body(server.model_name), timeout=30)
+        assert r.status_code == 401
+    after = scrape_metrics(server.base_url)
+    assert changed(request_counts(after), request_counts(before)) == {
+        ("error", "invalid_api_key"): 3
+    }
+
+
+def test_api_key_from_the_environment(start_server):
+    s = start_server("llama", env={"MINISGL_API_KEY": API_KEY})
+    assert httpx.get(s.base_url + "/v1/models", timeout=10).status_code == 401
+    r = httpx.get(s.base_url + "/v1/models", headers=AUTH, timeout=10)
+    assert r.status_code == 200 and r.json()["data"][0]["id"] == s.model_name
+    assert httpx.get(s.base_url + "/health", timeout=10).status_code == 200
+    assert s.stop() == 0
