@@ -1,6 +1,6 @@
 # Every target installs what it needs into .venv first, idempotently.
 #   make run    serve the embedded default model (or ARGS="--model ...") on http://127.0.0.1:1919
-#   make test   the whole suite: unit, end-to-end, quiz, site in a browser, notebooks, docs
+#   make test   the whole suite: unit, end-to-end, quiz, notebooks, docs
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +9,7 @@ ARGS   ?=
 MERMAID_VERSION := 11.6.0
 MERMAID := chapters/assets/vendor/mermaid.min.js
 
-.PHONY: install run test docs browser lint clean gpu-wheels
+.PHONY: install run test docs lint clean gpu-wheels
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,24 +38,14 @@ $(MERMAID):
 	  && tar xzf mermaid-$(MERMAID_VERSION).tgz package/dist/mermaid.min.js \
 	  && cd - >/dev/null && cp $$tmp/package/dist/mermaid.min.js $@ && rm -rf $$tmp
 
-# the site check drives Debian's chromium; install it where we may
-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
-	  else \
-	    echo "*** chromium is missing and cannot be installed here: the site check will be skipped"; \
-	  fi; }
-
 run: install
 	$(BIN)/python -m minisgl $(ARGS)
 
 docs: install $(MERMAID)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-test: install $(MERMAID) browser
-	@command -v chromium >/dev/null 2>&1 || export MINISGL_SKIP_BROWSER=1; \
-	  $(BIN)/python -m pytest -q
+test: install $(MERMAID)
+	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q --nbmake notebooks
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
 
