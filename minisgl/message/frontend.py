@@ -26,6 +26,7 @@ class TokenInfo(msgspec.Struct, array_like=True):
     top: list[tuple[str, bytes, float]] = []
 
 
+# --8<-- [start:user_reply]
 class UserReply(msgspec.Struct, tag=True):
     uid: int
     incremental_output: str = ""
@@ -36,6 +37,9 @@ class UserReply(msgspec.Struct, tag=True):
     completion_tokens: int = 0  # tokens of this choice so far, this reply's included
     index: int = 0  # which choice
     logprobs: list[TokenInfo] | None = None  # for this reply's token, when asked
+
+
+# --8<-- [end:user_reply]
 
 
 class LifecycleStateMsg(msgspec.Struct, tag=True):
