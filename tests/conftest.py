@@ -1,4 +1,6 @@
-"""Shared fixtures: tiny checkpoints per family (built once per session) and markers."""
+"""Shared fixtures: tiny checkpoints per family (built once per session) and markers.
+
+torch is imported only where it is used: the quiz (tests/quiz) runs without it."""
 
 from __future__ import annotations
 
@@ -11,18 +13,22 @@ if not Path("/dev/nvidia0").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
 ARCHS = ["llama", "qwen2", "qwen3"]
+QUIZ = Path(__file__).resolve().parent / "quiz"
 
 
 def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip_gpu)
+    for item in gpu_items:
+        item.add_marker(skip_gpu)
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +39,11 @@ def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _quiet_threads():
+def _quiet_threads(request):
+    # a session of quiz tests alone never imports torch
+    if all(QUIZ in Path(item.path).resolve().parents for item in request.session.items):
+        return
+    import torch
+
     # two cores: keep torch from oversubscribing when tests start subprocesses
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))

@@ -1,4 +1,4 @@
-"""Helpers shared by the quiz answers: the real FastAPI app over a FakeBackend.
+"""Helpers shared by the quiz tests: the real FastAPI app over a FakeBackend.
 
 `app_client(frontend)` runs the app from `create_app` (lifespan included, so the listener
 runs) and yields an httpx client that calls it in this event loop through
@@ -9,7 +9,6 @@ the FakeBackend answer every TokenizeMsg with one UserReply per piece, then a te
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
@@ -24,8 +23,8 @@ from minisgl.testing.fakes import FakeBackend
 MODEL = "quiz-model"
 
 
-def app_for(frontend: FrontendManager):
-    return create_app(ServerArgs(), MODEL, connect=lambda metrics: frontend)
+def app_for(frontend: FrontendManager, model: str = MODEL):
+    return create_app(ServerArgs(), model, connect=lambda metrics: frontend)
 
 
 @asynccontextmanager
@@ -86,7 +85,3 @@ def sse_payloads(raw: bytes) -> list[str]:
     events = raw.decode().split("\n\n")[:-1]
     assert all(e.startswith("data: ") for e in events), events
     return [e[len("data: ") :] for e in events]
-
-
-def chunks_of(raw: bytes) -> list[dict]:
-    return [json.loads(p) for p in sse_payloads(raw) if p != "[DONE]"]

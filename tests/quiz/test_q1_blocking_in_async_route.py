@@ -1,20 +1,21 @@
-"""Q1：为什么把同步生成函数放进 async def 路由后，仍然可能阻塞其他连接？指出需要让出执行权的位置。
+"""Quiz question 1: a blocking call inside an `async def` route stalls every connection.
 
-答：一个事件循环在一个线程里轮流运行所有协程，只有协程执行到 await（而且确实要等）时才会
-交回执行权。`async def` 里直接调用同步的生成函数，这段时间内没有任何 await，事件循环停在
-原地：别的连接的处理函数、计时协程都一步也走不了。让出执行权的位置是"等待"本身：等后端
-回复（`await` 一个 future / 事件，minisgl 的路由就是这样等 ZMQ 上的 UserReply），或者把同步
-计算交给别的线程 / 进程再 `await` 它（`asyncio.to_thread`、独立的 scheduler 进程）。
+Checks `generate_off_the_loop(generate, prompt)` (exercise q1): it returns what the
+synchronous `generate` returns and passes on its exceptions; while `generate` holds its
+thread, the event loop keeps running (a ticker coroutine keeps counting); and a FastAPI
+route that calls it answers a second connection (/ping) before the first one ends.
 
-这里不看耗时（耗时阈值会随机器负载抖动），而看事件循环在处理函数运行期间有没有前进：
-一个计时协程每轮循环加一；处理函数记下开始和结束时的计数；另一个请求 /ping 的处理函数
-是在第一个请求结束前还是结束后才开始运行。
+For contrast, on the same app: a route that calls the same function directly inside
+`async def`, and a route that awaits a reply; and minisgl's chat route, with /health and
+/debug/lifecycle asked while a chat request waits for its reply. No timing thresholds:
+the tests count loop iterations and record the order in which handlers start and end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -25,11 +26,7 @@ from minisgl.testing.fakes import make_frontend, wait_until
 
 pytestmark = pytest.mark.q1
 
-
-def blocking_generate(done: threading.Event) -> str:
-    """Stands for model compute in the API process: holds its thread until `done` is set."""
-    done.wait(timeout=5)
-    return "generated"
+FALLBACK = 2.0  # seconds: a thread ends a blocked call then, so no test can hang
 
 
 class Probe:
@@ -56,13 +53,24 @@ class Probe:
         self.ticks_during[name] = self.ticks - ticks_at_start
 
 
-def make_app(probe: Probe, done: threading.Event, reply: asyncio.Future) -> FastAPI:
+def slow_generate(done: threading.Event) -> Callable[[str], str]:
+    """Stands for model compute: holds its thread until `done` is set."""
+
+    def generate(prompt: str) -> str:
+        done.wait(timeout=5)
+        return f"generated for {prompt}"
+
+    return generate
+
+
+def make_app(probe: Probe, done: threading.Event, reply: asyncio.Future, exercise) -> FastAPI:
     app = FastAPI()
+    generate = slow_generate(done)
 
     @app.post("/blocking")
     async def blocking():
         t0 = probe.enter("blocking")
-        text = blocking_generate(done)  # no await: the loop is stuck right here
+        text = generate("q1")  # no await: the loop is stuck right here
         probe.leave("blocking", t0)
         return {"text": text}
 
@@ -73,11 +81,11 @@ def make_app(probe: Probe, done: threading.Event, reply: asyncio.Future) -> Fast
         probe.leave("awaiting", t0)
         return {"text": text}
 
-    @app.post("/offloaded")
-    async def offloaded():
-        t0 = probe.enter("offloaded")
-        text = await asyncio.to_thread(blocking_generate, done)  # compute elsewhere, await it
-        probe.leave("offloaded", t0)
+    @app.post("/exercise")
+    async def with_exercise():
+        t0 = probe.enter("exercise")
+        text = await exercise.generate_off_the_loop(generate, "q1")
+        probe.leave("exercise", t0)
         return {"text": text}
 
     @app.get("/ping")
@@ -88,25 +96,32 @@ def make_app(probe: Probe, done: threading.Event, reply: asyncio.Future) -> Fast
     return app
 
 
-async def run_scenario(route: str) -> Probe:
+async def run_scenario(route: str, exercise=None) -> Probe:
     """Start `route`; once its handler runs, send /ping; then let the slow one finish."""
     probe, done = Probe(), threading.Event()
     reply = asyncio.get_running_loop().create_future()
-    app = make_app(probe, done, reply)
+    app = make_app(probe, done, reply, exercise)
     ticker = asyncio.create_task(probe.ticker())
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://q1") as client:
-        if route == "blocking":  # nothing on this loop could set it: another thread does
-            threading.Timer(0.05, done.set).start()
-        slow = asyncio.create_task(client.post(f"/{route}"))
-        await probe.started.wait()  # the slow handler has begun
-        assert (await client.get("/ping")).status_code == 200
-        done.set()  # "generation is over" (for the thread)
-        if not reply.done():
-            reply.set_result("generated")  # "the backend's reply arrived" (for the await)
-        assert (await slow).json() == {"text": "generated"}
-    ticker.cancel()
+    # nothing on a blocked loop could set `done`: a thread does, after a while
+    fallback = threading.Timer(0.05 if route == "blocking" else FALLBACK, done.set)
+    fallback.start()
+    try:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://q1") as client:
+            slow = asyncio.create_task(client.post(f"/{route}"))
+            await probe.started.wait()  # the slow handler has begun
+            assert (await client.get("/ping")).status_code == 200
+            done.set()  # "generation is over" (for the thread)
+            if not reply.done():
+                reply.set_result("generated for q1")  # "the reply arrived" (for the await)
+            assert (await slow).json() == {"text": "generated for q1"}
+    finally:
+        fallback.cancel()
+        ticker.cancel()
     return probe
+
+
+# ---------------------------------------------------------------- the question's contrast
 
 
 async def test_a_blocking_call_in_async_def_freezes_the_event_loop():
@@ -123,10 +138,55 @@ async def test_awaiting_the_reply_lets_other_connections_run_meanwhile():
     assert probe.log == ["awaiting:start", "ping", "awaiting:end"]
 
 
-async def test_the_same_sync_function_offloaded_and_awaited_no_longer_blocks():
-    probe = await run_scenario("offloaded")
-    assert probe.ticks_during["offloaded"] > 0
-    assert probe.log == ["offloaded:start", "ping", "offloaded:end"]
+# ---------------------------------------------------------------- exercise q1
+
+
+async def test_it_returns_what_generate_returns_and_passes_on_its_errors(exercise):
+    assert await exercise.generate_off_the_loop(str.upper, "kv cache") == "KV CACHE"
+
+    def failing(prompt: str) -> str:
+        raise ValueError(f"cannot generate for {prompt}")
+
+    with pytest.raises(ValueError, match="cannot generate for q1"):
+        await exercise.generate_off_the_loop(failing, "q1")
+
+
+async def test_the_loop_keeps_running_while_generate_holds_its_thread(exercise):
+    probe, done = Probe(), threading.Event()
+    ticks: dict[str, int] = {}
+    generate = slow_generate(done)
+
+    def observed(prompt: str) -> str:  # runs wherever the exercise runs it
+        ticks["start"] = probe.ticks
+        text = generate(prompt)
+        ticks["end"] = probe.ticks
+        return text
+
+    ticker = asyncio.create_task(probe.ticker())
+    fallback = threading.Timer(FALLBACK, done.set)  # a blocked loop could not set it
+    fallback.start()
+    try:
+        call = asyncio.create_task(exercise.generate_off_the_loop(observed, "q1"))
+        await wait_until(lambda: "start" in ticks or call.done(), timeout=FALLBACK)
+        for _ in range(10):
+            await asyncio.sleep(0)  # ten loop iterations while generate still holds on
+        done.set()
+        assert await call == "generated for q1"
+    finally:
+        fallback.cancel()
+        ticker.cancel()
+    assert ticks["end"] - ticks["start"] > 0, (
+        "the event loop stood still while generate ran: every other connection waited"
+    )
+
+
+async def test_a_route_using_it_answers_another_connection_meanwhile(exercise):
+    probe = await run_scenario("exercise", exercise)
+    assert probe.ticks_during["exercise"] > 0
+    assert probe.log == ["exercise:start", "ping", "exercise:end"]
+
+
+# ---------------------------------------------------------------- minisgl's route
 
 
 async def test_minisgl_serves_other_connections_while_a_chat_request_waits():

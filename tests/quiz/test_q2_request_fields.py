@@ -1,20 +1,29 @@
-"""Q2：对照 v1_completions，追踪 messages、max_tokens 和 stream 分别进入了哪个处理分支。
+"""Quiz question 2: where `messages`, `max_tokens` and `stream` go.
 
-答（minisgl 的 /v1/chat/completions，`api_server.v1_chat_completions`）：
-- 请求体先由 `ChatCompletionRequest`（protocol.py）解析和校验；
-- `messages` 经 `ChatMessage.as_template_input()` 变成 `{"role", "content"}` 字典列表，放进
-  `TokenizeMsg.messages`，由 tokenizer worker 套用聊天模板（`text` 为空）；
-- `max_tokens`（或新名字 `max_completion_tokens`，两个只能给一个）由 `sampling_params()`
-  放进 `SamplingParams.max_tokens`，随 TokenizeMsg 一起送往后端；stop、n 等参数也一样进去；
-- `stream` 不进后端，只在前台选响应对象：`StreamResponse`（SSE）或 `FullResponse`（一个 JSON）。
+Checks exercise q2:
+- `tokenize_msg(req, uid)` equals, for a range of requests, the TokenizeMsg that the real
+  route `v1_chat_completions` sends; and, spelled out, what it holds for `messages` and
+  for either name of the token limit (`max_tokens`, `max_completion_tokens`);
+- `frontend_only_fields()` names exactly the `ChatCompletionRequest` fields that reach no
+  worker. The test finds them itself: it varies each field of the request model in turn
+  and looks whether the real route's message changes.
+
+About minisgl itself: the response objects the route builds for `stream: true` and
+`false` and the messages they would send; the message that reaches the FakeBackend
+through the real app either way; the answer to fields it has no place for.
 """
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import pytest
+from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from quiz_helpers import MODEL, answer, app_client, app_for, chat_body
 
+from minisgl.message import TokenizeMsg
 from minisgl.server.protocol import ChatCompletionRequest
 from minisgl.server.response import FullResponse, StreamResponse
 from minisgl.testing.fakes import make_frontend, wait_until
@@ -28,51 +37,132 @@ MESSAGES = [
         "content": [{"type": "text", "text": "什么是 "}, {"type": "text", "text": "KV Cache？"}],
     },
 ]
-TEMPLATE_INPUT = [
-    {"role": "system", "content": "用中文回答。"},  # "developer" is the template's "system"
-    {"role": "user", "content": "什么是 KV Cache？"},  # text parts joined
-]
+
+# every field of the request model: the extra fields of two requests that differ in it
+# alone (both carry what the field needs, e.g. `stream` for `stream_options`)
+VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "model": ({}, {"model": "another-model"}),  # served by an app of that name
+    "messages": ({}, {"messages": [{"role": "user", "content": "另一个问题"}]}),
+    "max_tokens": ({}, {"max_tokens": 8}),
+    "max_completion_tokens": ({}, {"max_completion_tokens": 8}),
+    "temperature": ({}, {"temperature": 0.5}),
+    "top_p": ({}, {"top_p": 0.5}),
+    "n": ({}, {"n": 2}),
+    "stop": ({}, {"stop": "\n"}),
+    "seed": ({}, {"seed": 7}),
+    "stream": ({}, {"stream": True}),
+    "stream_options": (
+        {"stream": True},
+        {"stream": True, "stream_options": {"include_usage": True}},
+    ),
+    "presence_penalty": ({}, {"presence_penalty": 0.5}),
+    "frequency_penalty": ({}, {"frequency_penalty": 0.5}),
+    "logit_bias": ({}, {"logit_bias": {"5": 1.0}}),
+    "user": ({}, {"user": "learner-42"}),
+    "top_k": ({}, {"top_k": 5}),
+    "min_tokens": ({}, {"min_tokens": 2}),
+    "ignore_eos": ({}, {"ignore_eos": True}),
+    "stop_token_ids": ({}, {"stop_token_ids": [3]}),
+    "repetition_penalty": ({}, {"repetition_penalty": 1.1}),
+    "logprobs": ({}, {"logprobs": True}),
+    "top_logprobs": ({"logprobs": True}, {"logprobs": True, "top_logprobs": 2}),
+    "response_format": ({}, {"response_format": {"type": "text"}}),
+}
+
+REQUESTS = {
+    "developer_and_text_parts": {},
+    "max_tokens": {"max_tokens": 128},
+    "max_completion_tokens": {"max_completion_tokens": 64},
+    "stop_as_one_string": {"stop": "\n\n", "n": 2, "seed": 7},
+    "sampling_extensions": {"top_k": 20, "min_tokens": 3, "stop_token_ids": [1, 2]},
+    "logprobs": {"logprobs": True, "top_logprobs": 3, "temperature": 0.0},
+    "streamed": {"stream": True, "stream_options": {"include_usage": True}, "user": "u"},
+}
 
 
 def parse(**fields) -> ChatCompletionRequest:
     return ChatCompletionRequest.model_validate({"model": MODEL, "messages": MESSAGES, **fields})
 
 
-def test_max_tokens_and_max_completion_tokens_both_become_sampling_params_max_tokens():
-    assert parse(max_tokens=128).sampling_params().max_tokens == 128
-    assert parse(max_completion_tokens=64).sampling_params().max_tokens == 64
-    assert parse().sampling_params().max_tokens is None  # no limit but the context
-    # the parameters the reference accepted but dropped reach the backend here
-    params = parse(stop=["\n\n"], n=2, seed=7).sampling_params()
-    assert (params.stop, params.n, params.seed) == (["\n\n"], 2, 7)
-
-
-def test_messages_become_the_chat_template_input():
-    req = parse()
-    assert [m.as_template_input() for m in req.messages] == TEMPLATE_INPUT
-
-
-async def test_stream_is_not_sent_to_the_backend_it_picks_the_response_object():
+@functools.cache
+def chat_route(model: str) -> tuple[FastAPI, APIRoute]:
     frontend, _ = make_frontend()
-    app = app_for(frontend)
+    app = app_for(frontend, model)
     app.state.frontend = frontend  # what the lifespan does; the route only builds a response
     (route,) = [
         r for r in app.routes if isinstance(r, APIRoute) and r.path == "/v1/chat/completions"
     ]
-    streamed = await route.endpoint(parse(stream=True, max_tokens=128))
-    full = await route.endpoint(parse(stream=False, max_tokens=128))
+    return app, route
+
+
+async def route_response(req: ChatCompletionRequest):
+    _, route = chat_route(req.model)
+    return await route.endpoint(req)
+
+
+async def message_of_the_route(req: ChatCompletionRequest, uid: int) -> TokenizeMsg:
+    """The TokenizeMsg that minisgl's chat route would send for `req` under `uid`."""
+    return (await route_response(req)).job.make_msgs[0](uid)
+
+
+# ---------------------------------------------------------------- exercise q2
+
+
+@pytest.mark.parametrize("fields", REQUESTS.values(), ids=REQUESTS.keys())
+async def test_your_message_is_the_one_the_chat_route_sends(exercise, fields):
+    req = parse(**fields)
+    mine = exercise.tokenize_msg(req, 7)
+    assert isinstance(mine, TokenizeMsg)
+    assert mine == await message_of_the_route(req, 7)
+
+
+def test_messages_become_the_chat_template_input(exercise):
+    msg = exercise.tokenize_msg(parse(), 3)
+    assert msg.uid == 3
+    assert msg.messages == [
+        {"role": "system", "content": "用中文回答。"},  # the template's name for "developer"
+        {"role": "user", "content": "什么是 KV Cache？"},  # text parts joined
+    ]
+    assert msg.text is None and msg.input_ids_packed is None  # the template builds the prompt
+
+
+def test_either_name_of_max_tokens_reaches_the_scheduler(exercise):
+    for name in ("max_tokens", "max_completion_tokens"):
+        assert exercise.tokenize_msg(parse(**{name: 64}), 0).sampling_params.max_tokens == 64
+    assert exercise.tokenize_msg(parse(), 0).sampling_params.max_tokens is None
+
+
+async def test_the_fields_you_name_are_exactly_those_that_reach_no_worker(exercise):
+    named = exercise.frontend_only_fields()
+    assert set(VARIANTS) == set(ChatCompletionRequest.model_fields), "vary every field"
+    silent = set()  # fields whose change changes no message
+    for field, (base, varied) in VARIANTS.items():
+        before = await message_of_the_route(parse(**base), 0)
+        after = await message_of_the_route(parse(**varied), 0)
+        if before == after:
+            silent.add(field)
+    reaching = sorted(set(named) - silent)
+    assert not reaching, "these fields do change the message sent to the tokenizer worker"
+    missing = silent - set(named)
+    if missing:  # not named here: finding them is the exercise
+        pytest.fail(f"{len(missing)} more field(s) of ChatCompletionRequest never reach a worker")
+
+
+# ---------------------------------------------------------------- minisgl
+
+
+async def test_minisgl_stream_picks_the_response_object_and_is_not_sent():
+    streamed = await route_response(parse(stream=True, max_tokens=128))
+    full = await route_response(parse(stream=False, max_tokens=128))
     assert type(streamed) is StreamResponse and type(full) is FullResponse
     # building the response sent nothing: the request starts when Starlette calls it
-    assert frontend.states == {}
+    assert streamed.frontend.states == {}
     # the message each one would send differs in nothing: stream stays in the frontend
-    msg_streamed, msg_full = streamed.job.make_msgs[0](7), full.job.make_msgs[0](7)
-    assert msg_streamed == msg_full
-    assert msg_full.messages == TEMPLATE_INPUT and msg_full.text is None
-    assert msg_full.sampling_params.max_tokens == 128
+    assert streamed.job.make_msgs[0](7) == full.job.make_msgs[0](7)
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_through_the_real_app_the_backend_receives_messages_and_max_tokens(stream):
+async def test_minisgl_through_the_real_app_the_worker_receives_the_same_message(stream):
     frontend, backend = make_frontend()
     answer(backend, ["KV", " Cache"])
     async with app_client(frontend) as client:
@@ -80,7 +170,7 @@ async def test_through_the_real_app_the_backend_receives_messages_and_max_tokens
         resp = await client.post("/v1/chat/completions", json=body)
         await wait_until(lambda: frontend.states == {})
     (msg,) = backend.tokenized()  # what crossed into the tokenizer worker
-    assert msg.messages == TEMPLATE_INPUT and msg.sampling_params.max_tokens == 128
+    assert msg == await message_of_the_route(parse(stream=stream, max_tokens=128), msg.uid)
     if stream:
         assert resp.headers["content-type"].startswith("text/event-stream")
         assert resp.text.endswith("data: [DONE]\n\n")
@@ -89,7 +179,7 @@ async def test_through_the_real_app_the_backend_receives_messages_and_max_tokens
         assert resp.json()["choices"][0]["message"]["content"] == "KV Cache"
 
 
-async def test_fields_that_go_nowhere_are_refused_not_ignored():
+async def test_minisgl_refuses_fields_that_would_go_nowhere():
     frontend, backend = make_frontend()
     async with app_client(frontend) as client:
         both = await client.post(

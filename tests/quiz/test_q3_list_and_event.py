@@ -1,16 +1,14 @@
-"""Q3：ack_map 和 event_map 分别承担什么职责？为什么只使用其中一个不够？
+"""Quiz question 3: why a request needs both a reply buffer and a wake-up event.
 
-答：列表（minisgl 里是每个 uid 的 `ReplyBuffer`）存放"已经到达、还没被取走"的回复内容；
-事件（`asyncio.Event`）只负责叫醒等这个 uid 的协程。
-- 只有事件：事件是一个标志位，不装数据。监听协程最多只能在某个位置留下一条回复，消费者
-  还没运行时第二条回复到来，就把第一条覆盖掉了——内容丢失（`naive.EventOnlyManager`）。
-- 只有列表：数据不丢，但没有人能叫醒消费者，它只能隔一会儿来看一次（轮询）：看得勤就空转
-  耗 CPU，看得少就增加延迟（`naive.ListOnlyManager`）。
-- 两者一起（minisgl 的 FrontendManager）：每次唤醒都有东西可取，一条不丢，空闲时消费者
-  根本不被调度。
+Checks `ReplyInbox` (exercise q3): two replies delivered before the consumer looks are
+both there for `take()`; a consumer waiting on `event` wakes after a delivery; a reply
+that only updates counts leaves `event` alone, while the terminal reply sets it even
+without text; `take()` returns the text in order and leaves nothing pending.
 
-三个管理器收到同一份回复脚本：两条回复在消费者运行之前先后到达，随后空闲一段，再来一条，
-最后是结束回复。
+For contrast, one reply script (two replies before the consumer runs, idle spells, the
+end) on the naive managers of notebooks/naive.py, `EventOnlyManager` and
+`ListOnlyManager`, and on minisgl's FrontendManager: the text each consumer gets, its
+wake-ups, how often it looked.
 """
 
 from __future__ import annotations
@@ -28,11 +26,71 @@ from minisgl.testing.fakes import FakeBackend, listening, settle
 pytestmark = pytest.mark.q3
 
 IDLE = 30  # loop iterations with nothing arriving (no timers: counts, not seconds)
+WAKE_TIMEOUT = 1.0  # seconds: a consumer not woken by then never will be
+
+
+def reply(text: str, tokens: int, last: bool = False) -> UserReply:
+    return UserReply(
+        0, text, finished=last, finish_reason="stop" if last else None, completion_tokens=tokens
+    )
+
+
+# ---------------------------------------------------------------- exercise q3
+
+
+def test_replies_delivered_before_the_consumer_looks_are_all_kept(exercise):
+    inbox = exercise.ReplyInbox()
+    inbox.deliver(reply("KV", 1))
+    inbox.deliver(reply(" Cache", 2))  # the consumer has not run in between
+    assert inbox.event.is_set()
+    taken = inbox.take()
+    assert taken.text == "KV Cache" and not taken.finished
+
+
+async def test_a_waiting_consumer_is_woken_by_a_delivery(exercise):
+    inbox = exercise.ReplyInbox()
+    waiter = asyncio.create_task(inbox.event.wait())
+    await settle()
+    assert not waiter.done()  # nothing delivered: it waits
+    inbox.deliver(reply("KV", 1))
+    try:
+        await asyncio.wait_for(waiter, WAKE_TIMEOUT)
+    except asyncio.TimeoutError:
+        pytest.fail("a reply was delivered, but the consumer waiting on `event` never woke")
+    assert inbox.take().text == "KV"
+
+
+def test_a_reply_without_news_wakes_nobody(exercise):
+    inbox = exercise.ReplyInbox()
+    inbox.deliver(reply("", 1))  # e.g. the first byte of a character: counts only
+    assert not inbox.event.is_set(), "woken for nothing: the consumer would take nothing"
+    assert inbox.take() == ("", False)
+
+
+def test_the_terminal_reply_wakes_even_without_text(exercise):
+    inbox = exercise.ReplyInbox()
+    inbox.deliver(reply("", 3, last=True))
+    assert inbox.event.is_set()
+    assert inbox.take().finished
+
+
+def test_take_returns_the_text_in_order_and_leaves_nothing_pending(exercise):
+    inbox = exercise.ReplyInbox()
+    for i, piece in enumerate(["什么", "是 ", "KV"]):
+        inbox.deliver(reply(piece, i + 1))
+    assert inbox.take().text == "什么是 KV"
+    assert inbox.take().text == ""  # taken once, gone
+    inbox.deliver(reply("？", 4, last=True))
+    assert inbox.take() == ("？", True)
+
+
+# ---------------------------------------------------------------- the contrast
 
 
 async def play_script(backend: FakeBackend, uid: int) -> None:
+    """Two replies before the consumer runs, an idle spell, one more, another, the end."""
     backend.inject(UserReply(uid, "KV", completion_tokens=1))
-    backend.inject(UserReply(uid, " Cache", completion_tokens=2))  # before the consumer ran
+    backend.inject(UserReply(uid, " Cache", completion_tokens=2))
     await settle(IDLE)
     backend.inject(UserReply(uid, " 是", completion_tokens=3))
     await settle(IDLE)
@@ -47,32 +105,31 @@ async def run_naive(cls, **kw) -> tuple[object, str, int]:
     listener = asyncio.create_task(manager.listen())
     text, wakeups = "", 0
     producer = asyncio.create_task(play_script(backend, uid))
-    async for reply in manager.wait_for_ack(uid):
+    async for item in manager.wait_for_ack(uid):
         wakeups += 1
-        text += reply.incremental_output
-        if reply.finished:
+        text += item.incremental_output
+        if item.finished:
             break
     await producer
     listener.cancel()
     return manager, text, wakeups
 
 
-async def test_an_event_alone_cannot_carry_two_replies_one_is_lost():
+async def test_contrast_event_only_manager():
     _, text, wakeups = await run_naive(EventOnlyManager)
-    assert text == " Cache 是缓存"  # "KV" was overwritten before anyone took it
+    assert text == " Cache 是缓存"  # where is "KV"?
     assert wakeups == 3
 
 
-async def test_a_list_alone_keeps_every_reply_but_the_consumer_must_poll():
+async def test_contrast_list_only_manager():
     # poll as often as the loop allows (a real one naps: less CPU, more latency)
     manager, text, _ = await run_naive(ListOnlyManager, poll=lambda: asyncio.sleep(0))
     assert text == "KV Cache 是缓存"
-    # 4 replies, yet the consumer looked dozens of times (once per loop iteration while
-    # idle), and nine looks in ten found nothing
+    # 4 replies; how often did the consumer look, and how often for nothing?
     assert manager.polls > IDLE and manager.empty_polls > 0.9 * manager.polls
 
 
-async def test_list_and_event_together_every_reply_one_wait_per_wakeup():
+async def test_contrast_minisgl_frontend_manager():
     backend = FakeBackend()
     frontend = FrontendManager(backend.send, backend.recv)
     async with listening(frontend):
@@ -80,7 +137,6 @@ async def test_list_and_event_together_every_reply_one_wait_per_wakeup():
             producer = asyncio.create_task(play_script(backend, state.uid))
             texts = [out.text async for out in frontend.wait_for_ack(state)]
             await producer
-    assert "".join(texts) == "KV Cache 是缓存"  # nothing lost
-    # one wait per wake-up, each with news: the two early replies came out together
+    assert "".join(texts) == "KV Cache 是缓存"
     assert texts == ["KV Cache", " 是", "缓存"]
     assert frontend.states == {}

@@ -1,26 +1,163 @@
-"""Q4：按 wait → clear → 取出并替换列表 → yield 走一遍消费过程。多次 set() 合并成一次唤醒时，
-为什么不会只剩一条回复？
+"""Quiz question 4: several set() merged into one wake-up lose no reply.
 
-答：Event 是标志位，不是计数器：set() 五次和 set() 一次一样，只换来一次唤醒。但每条回复在
-set() 之前已经追加进了该 uid 的缓冲区，唤醒后消费者一次取走缓冲区里的全部内容（minisgl 的
-`ReplyBuffer.take()` 把它们合并成一个 `Output`），所以五条都在。clear() 和 take() 之间没有
-await，监听协程插不进来；consumer 在 yield 处暂停期间到达的新回复写进已被清空的缓冲区，
-并再次 set()，下一轮 wait() 立刻返回。
+Checks `wait_for_ack(state)` (exercise q4) over a real RequestState fed by minisgl's
+listener: five replies between two wake-ups come out as one output holding all five;
+a reply that lands while the consumer is away (right after it took, while its caller
+writes to the client) wakes it again, so nothing is stranded in the buffer; with nothing
+pending the next wait really waits; the generator ends after the terminal output.
+
+A consumer still waiting after a timeout fails the check instead of hanging the run. The
+last test runs the same check on the order the question asks about (take, await, clear).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 
 import pytest
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
+from minisgl.server.buffer import Output, ReplyBuffer
+from minisgl.server.frontend import RequestState
 from minisgl.testing.fakes import listening, make_frontend, settle
 
 pytestmark = pytest.mark.q4
 
 PIECES = ["什么", "是 ", "KV", " Cache", "？"]
+Loop = Callable[[RequestState], AsyncIterator[Output]]
+
+
+def make_msg(uid: int) -> TokenizeMsg:
+    return TokenizeMsg(uid, SamplingParams())
+
+
+def reply(uid: int, i: int, last: bool = False) -> UserReply:
+    return UserReply(
+        uid,
+        PIECES[i],
+        finished=last,
+        finish_reason="stop" if last else None,
+        completion_tokens=i + 1,
+    )
+
+
+@dataclass
+class SignallingBuffer(ReplyBuffer):
+    """A ReplyBuffer that tells the test each time the consumer took from it."""
+
+    taken: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def take(self) -> Output:
+        self.taken.set()
+        return super().take()
+
+
+async def replies_right_after_each_take(wait_for_ack: Loop, timeout: float) -> list[str]:
+    """Feed a request whose next reply arrives as soon as the consumer has taken the
+    previous output and gives the loop a chance; return the texts the consumer got.
+    Raises asyncio.TimeoutError if the consumer is still waiting after `timeout` s."""
+    state = RequestState(0, buffer=SignallingBuffer())
+
+    async def listener() -> None:
+        for i in range(len(PIECES)):
+            if i > 0:
+                await state.buffer.taken.wait()
+                state.buffer.taken.clear()
+            if state.buffer.append(reply(0, i, last=i == len(PIECES) - 1)):
+                state.event.set()  # what minisgl's `listen` does for each reply
+
+    async def consumer() -> list[str]:
+        texts = []
+        async for out in wait_for_ack(state):
+            texts.append(out.text)
+            await asyncio.sleep(0)  # writing the output to the client
+        return texts
+
+    feeding = asyncio.create_task(listener())
+    try:
+        return await asyncio.wait_for(consumer(), timeout)
+    finally:
+        feeding.cancel()
+
+
+async def take_await_clear(state: RequestState) -> AsyncIterator[Output]:
+    """The order the question asks about: take, let the loop run, then clear."""
+    while True:
+        await state.event.wait()
+        output = state.buffer.take()
+        await asyncio.sleep(0)
+        state.event.clear()
+        yield output
+        if output.finished:
+            return
+
+
+# ---------------------------------------------------------------- exercise q4
+
+
+async def test_five_replies_one_wakeup_one_output_holding_all_five(exercise):
+    frontend, backend = make_frontend()
+    async with listening(frontend):
+        async with frontend.request(make_msg) as state:
+            for i in range(len(PIECES)):  # five arrivals, five set(), no await between
+                backend.inject(reply(state.uid, i))
+            await settle()
+            outputs = exercise.wait_for_ack(state)
+            out = await anext(outputs)
+            assert out.text == "".join(PIECES) and out.completion_tokens == len(PIECES)
+            assert state.buffer.pending_bytes == 0
+            await outputs.aclose()
+
+
+async def test_a_reply_landing_while_the_consumer_is_away_is_not_lost(exercise):
+    try:
+        texts = await replies_right_after_each_take(exercise.wait_for_ack, timeout=2.0)
+    except asyncio.TimeoutError:
+        pytest.fail(
+            "a wake-up was lost: a reply waits in the buffer, the event is clear, "
+            "and the consumer waits for ever"
+        )
+    assert "".join(texts) == "".join(PIECES)
+    assert all(texts), "an output without news: a wake-up for nothing"
+
+
+async def test_with_nothing_pending_the_next_wait_really_waits(exercise):
+    frontend, backend = make_frontend()
+    async with listening(frontend):
+        async with frontend.request(make_msg) as state:
+            outputs = exercise.wait_for_ack(state)
+            backend.inject(reply(state.uid, 0))
+            assert (await anext(outputs)).text == PIECES[0]
+
+            nxt = asyncio.ensure_future(anext(outputs))
+            await settle()
+            assert not nxt.done(), "the loop went on with nothing new to take"
+            backend.inject(reply(state.uid, 1))
+            assert (await asyncio.wait_for(nxt, 1.0)).text == PIECES[1]
+            await outputs.aclose()
+
+
+async def test_the_generator_ends_after_the_terminal_output(exercise):
+    frontend, backend = make_frontend()
+    async with listening(frontend):
+        async with frontend.request(make_msg) as state:
+            backend.inject(reply(state.uid, 0), reply(state.uid, 1, last=True))
+
+            async def every_output() -> list[Output]:
+                return [out async for out in exercise.wait_for_ack(state)]
+
+            try:
+                outputs = await asyncio.wait_for(every_output(), 1.0)
+            except asyncio.TimeoutError:
+                pytest.fail("the terminal output came, but the generator went on waiting")
+    assert len(outputs) == 1 and outputs[0].finished and outputs[0].text == "".join(PIECES[:2])
+    assert frontend.states == {} and backend.aborts() == []
+
+
+# ---------------------------------------------------------------- the contrast
 
 
 async def test_an_event_is_a_flag_five_sets_one_wakeup():
@@ -28,7 +165,7 @@ async def test_an_event_is_a_flag_five_sets_one_wakeup():
 
     async def waiter():
         nonlocal woken
-        while True:
+        while True:  # wakes as often as the event is found set
             await event.wait()
             event.clear()
             woken += 1
@@ -37,40 +174,10 @@ async def test_an_event_is_a_flag_five_sets_one_wakeup():
     for _ in range(5):
         event.set()  # no await in between: the waiter cannot run
     await settle()
-    assert woken == 1  # five set() calls, one wake-up
     task.cancel()
+    assert woken == 1  # five set() calls, one wake-up
 
 
-async def test_several_replies_one_wakeup_every_reply_in_the_output():
-    frontend, backend = make_frontend()
-    async with listening(frontend):
-        async with frontend.request(lambda uid: TokenizeMsg(uid, SamplingParams())) as state:
-            uid = state.uid
-            for i, piece in enumerate(PIECES):  # five arrivals, five set(), no await between
-                backend.inject(UserReply(uid, piece, completion_tokens=i + 1))
-            await settle()
-            assert state.event.is_set()
-            assert state.buffer.pending_bytes == len("".join(PIECES).encode())
-
-            outputs = frontend.wait_for_ack(state)
-            # wait (returns at once) -> clear -> take everything -> yield
-            out = await anext(outputs)
-            assert out.text == "".join(PIECES) and out.completion_tokens == 5
-            assert not state.event.is_set()  # cleared
-            assert state.buffer.pending_bytes == 0 and frontend.state()["pending_bytes"] == 0
-
-            # suspended at yield: a reply now lands in the emptied buffer and sets the event
-            backend.inject(UserReply(uid, "它", completion_tokens=6))
-            await settle()
-            assert state.event.is_set() and state.buffer.pending_bytes == len("它".encode())
-            assert (await anext(outputs)).text == "它"
-
-            # nothing is left over for a phantom wake-up: the next wait really waits
-            nxt = asyncio.ensure_future(anext(outputs))
-            await settle()
-            assert not nxt.done()
-            backend.inject(UserReply(uid, "", finished=True, finish_reason="stop"))
-            last = await nxt
-            assert last.finished and last.text == ""
-            await outputs.aclose()
-    assert frontend.states == {} and backend.aborts() == []
+async def test_contrast_take_await_clear_under_the_same_check():
+    with pytest.raises(asyncio.TimeoutError):
+        await replies_right_after_each_take(take_await_clear, timeout=0.3)

@@ -1,35 +1,182 @@
-"""Q6：对照 stream_chat_completions，找出角色、增量文本、结束原因和 [DONE] 的发送位置。
+"""Quiz question 6: the anatomy of the SSE stream, and errors before and after its first byte.
 
-答（minisgl：`response.StreamResponse.serve` 每次唤醒发一次，`formats.ChatFormat.chunks` 决定
-这一次里有哪些事件）：
-- 角色：每个 choice 的第一个数据块的 delta 带 `role: "assistant"`，而且和第一段文本在同一个块里，
-  不要假定它们分两次发送；
-- 增量文本：之后每次唤醒取到的新文本是一个块，delta 里只有 `content`；
-- 结束原因：结束的那次输出后面跟一个 delta 为空、带 `finish_reason` 的块；
-- `[DONE]`：和最后的块在同一次写出里，紧跟其后；它是 OpenAI 接口的约定，不是 SSE 标准的一部分。
-每个事件是一行 `data: <json>` 加一个空行；每个 JSON 都能被官方 `openai` 客户端的
-`ChatCompletionChunk` 解析。
+Checks `stream_chat(outputs, send, model)` (exercise q6), fed with Outputs taken from a
+real ReplyBuffer and recording every ASGI message it sends:
+- nothing is sent before the first output is in;
+- a successful stream is a 200 `text/event-stream` of `data:` events whose chunks validate
+  as the `openai` client's ChatCompletionChunk, share one `chatcmpl-` id, start with the
+  role "assistant" together with the first text, carry only new text after that, and end
+  with an empty delta holding the finish_reason, then `data: [DONE]`;
+- one send per output; the last holds the end and `[DONE]` and closes the response;
+- a first output that is an error is a plain JSON error with a real status (400, 503...),
+  the body of minisgl's `to_http` for the chat endpoint, and no event at all;
+- an error after the first byte is one `data: {"error": ...}` event and `data: [DONE]`,
+  with no finish_reason chunk.
 
-做法：真实的 FastAPI 应用加假的后端；用一层 ASGI 包装记下每次 `http.response.body` 写出的字节，
-后端每次等上一块写出后才送下一条回复，于是"一次唤醒 = 一次写出"是确定的。
+About minisgl itself, through the real app: one write per wake-up, with `[DONE]` in the
+last one, and `stream_options.include_usage` adds a usage chunk just before `[DONE]`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletionChunk
 from quiz_helpers import MODEL, app_client, chat_body, sse_payloads
 
-from minisgl.message import UserReply
-from minisgl.testing.fakes import make_frontend, wait_until
+from minisgl.message import ErrorInfo, ErrorKind, UserReply
+from minisgl.server.buffer import Output, ReplyBuffer
+from minisgl.server.errors import to_http
+from minisgl.testing.fakes import make_frontend, settle, wait_until
 
 pytestmark = pytest.mark.q6
 
 PIECES = ["KV", " Cache", " 是一种缓存"]
 LAST = "。"  # the terminal reply carries text too
+TOO_LONG = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "the prompt is longer than the context")
+GONE = ErrorInfo(ErrorKind.BACKEND_UNAVAILABLE, "the scheduler process died")
+
+
+def text(i: int, piece: str) -> UserReply:
+    return UserReply(0, piece, prompt_tokens=5, completion_tokens=i + 1)
+
+
+def the_end(piece: str = LAST, error: ErrorInfo | None = None, uid: int = 0) -> UserReply:
+    reason = None if error else "stop"
+    n = len(PIECES) + 1
+    return UserReply(uid, piece, True, reason, error, prompt_tokens=5, completion_tokens=n)
+
+
+STREAM = [[text(i, p)] for i, p in enumerate(PIECES)] + [[the_end()]]  # one reply per wake-up
+
+
+async def outputs_of(
+    batches: Sequence[Sequence[UserReply]], gate: asyncio.Event | None = None
+) -> AsyncIterator[Output]:
+    """What the consumer loop would yield: the buffer taken after each batch of replies;
+    with a `gate`, the first output only comes once the gate opens."""
+    buffer = ReplyBuffer()
+    if gate is not None:
+        await gate.wait()
+    for batch in batches:
+        for reply in batch:
+            buffer.append(reply)
+        yield buffer.take()
+
+
+class Wire:
+    """The ASGI `send` of one response: every message it was given, in order."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    @property
+    def start(self) -> dict[str, Any]:
+        assert self.messages and self.messages[0]["type"] == "http.response.start"
+        return self.messages[0]
+
+    def header(self, name: bytes) -> bytes:
+        return dict(self.start.get("headers", []))[name]
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        bodies = self.messages[1:]
+        assert bodies and all(m["type"] == "http.response.body" for m in bodies)
+        assert not bodies[-1].get("more_body", False), "the response was never ended"
+        return bodies
+
+    @property
+    def raw(self) -> bytes:
+        return b"".join(m.get("body", b"") for m in self.bodies)
+
+
+async def stream(exercise, batches: Sequence[Sequence[UserReply]]) -> Wire:
+    wire = Wire()
+    await asyncio.wait_for(exercise.stream_chat(outputs_of(batches), wire.send, MODEL), 2.0)
+    return wire
+
+
+# ---------------------------------------------------------------- exercise q6
+
+
+async def test_nothing_is_sent_before_the_first_output(exercise):
+    wire, gate = Wire(), asyncio.Event()
+    task = asyncio.create_task(exercise.stream_chat(outputs_of(STREAM, gate), wire.send, MODEL))
+    await settle()
+    if task.done():
+        task.result()  # its error, if it raised one
+    assert wire.messages == [], "sent before the first output: an error could not get a status"
+    gate.set()
+    await asyncio.wait_for(task, 2.0)
+    assert wire.start["status"] == 200
+
+
+async def test_role_text_finish_reason_and_done_in_order(exercise):
+    wire = await stream(exercise, STREAM)
+    assert wire.start["status"] == 200
+    assert wire.header(b"content-type").startswith(b"text/event-stream")
+    payloads = sse_payloads(wire.raw)  # every event: "data: " + payload + blank line
+    assert payloads[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate(json.loads(p)) for p in payloads[:-1]]
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("chatcmpl-")
+    assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks)
+
+    deltas = [c.choices[0].delta for c in chunks]
+    reasons = [c.choices[0].finish_reason for c in chunks]
+    # the first chunk: the role, together with the first text
+    assert deltas[0].role == "assistant" and deltas[0].content == PIECES[0]
+    # then the text increments, content only
+    assert [d.content for d in deltas[1:-1]] == [*PIECES[1:], LAST]
+    assert all(d.role is None for d in deltas[1:])
+    # then an empty delta with the finish reason, the only one that has one
+    assert deltas[-1].content is None and deltas[-1].role is None
+    assert reasons == [None] * (len(chunks) - 1) + ["stop"]
+
+
+async def test_one_send_per_output_and_the_end_goes_out_in_the_last(exercise):
+    merged = [[text(0, PIECES[0]), text(1, PIECES[1])], [text(2, PIECES[2]), the_end()]]
+    wire = await stream(exercise, merged)  # two wake-ups, two replies each
+    first, last = wire.bodies  # exactly one send per output
+    assert first.get("more_body") is True
+    (payload,) = sse_payloads(first["body"])
+    assert json.loads(payload)["choices"][0]["delta"]["content"] == "".join(PIECES[:2])
+    new_text, finish, done = sse_payloads(last["body"])
+    assert json.loads(new_text)["choices"][0]["delta"] == {"content": PIECES[2] + LAST}
+    assert json.loads(finish)["choices"][0]["finish_reason"] == "stop"
+    assert done == "[DONE]"
+
+
+@pytest.mark.parametrize("error", [TOO_LONG, GONE], ids=["prompt_too_long", "backend_gone"])
+async def test_an_error_before_the_first_byte_is_a_real_status_and_a_json_body(exercise, error):
+    wire = await stream(exercise, [[the_end("", error)]])
+    answer = to_http(error, "messages")
+    assert wire.start["status"] == answer.status != 200
+    assert wire.header(b"content-type").startswith(b"application/json")
+    assert b"data:" not in wire.raw, "an error before the stream began is no event"
+    assert json.loads(wire.raw) == answer.body()
+
+
+async def test_an_error_after_the_first_byte_is_an_error_event_then_done(exercise):
+    wire = await stream(exercise, [[text(0, PIECES[0])], [the_end("", GONE)]])
+    assert wire.start["status"] == 200  # already sent: the status cannot change
+    payloads = sse_payloads(wire.raw)
+    assert payloads[-1] == "[DONE]"
+    assert json.loads(payloads[-2]) == to_http(GONE, "messages").body()
+    chunks = [json.loads(p) for p in payloads[:-2]]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == [PIECES[0]]
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks), (
+        "the request did not finish: it failed"
+    )
+
+
+# ---------------------------------------------------------------- minisgl's StreamResponse
 
 
 class RecordWrites:
@@ -54,15 +201,13 @@ def answer_step_by_step(backend, recorder: RecordWrites) -> None:
         for i, piece in enumerate(PIECES):
             backend.inject(UserReply(uid, piece, prompt_tokens=5, completion_tokens=i + 1))
             await wait_until(lambda i=i: len(recorder.writes) == i + 1)
-        n = len(PIECES) + 1
-        end = UserReply(uid, LAST, True, "stop", prompt_tokens=5, completion_tokens=n)
-        backend.inject(end)
+        backend.inject(the_end(uid=uid))
 
     tasks = []  # keep a reference: the loop holds tasks only weakly
     backend.on_tokenize = lambda msg: tasks.append(asyncio.ensure_future(play(msg.uid)))
 
 
-async def stream(**extra) -> tuple[bytes, list[bytes]]:
+async def minisgl_stream(**extra) -> tuple[bytes, list[bytes]]:
     frontend, backend = make_frontend()
     recorders = []
 
@@ -80,42 +225,22 @@ async def stream(**extra) -> tuple[bytes, list[bytes]]:
     return resp.content, recorders[0].writes
 
 
-async def test_role_text_finish_reason_and_done_in_order():
-    raw, _ = await stream()
-    payloads = sse_payloads(raw)  # every event: "data: " + payload + blank line
-    assert payloads[-1] == "[DONE]"
-    chunks = [ChatCompletionChunk.model_validate(json.loads(p)) for p in payloads[:-1]]
-    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("chatcmpl-")
-    assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks)
-
-    deltas = [c.choices[0].delta for c in chunks]
-    reasons = [c.choices[0].finish_reason for c in chunks]
-    # the first chunk: the role, together with the first text
-    assert deltas[0].role == "assistant" and deltas[0].content == "KV"
-    # then the text increments, content only
-    assert [d.content for d in deltas[1:-1]] == [*PIECES[1:], LAST]
-    assert all(d.role is None for d in deltas[1:])
-    # then an empty delta with the finish reason, the only one that has one
-    assert deltas[-1].content is None and deltas[-1].role is None
-    assert reasons == [None] * (len(chunks) - 1) + ["stop"]
-
-
-async def test_one_write_per_wakeup_and_done_goes_out_with_the_last_chunks():
-    _, writes = await stream()
+async def test_minisgl_one_write_per_wakeup_and_done_goes_out_with_the_last_chunks():
+    _, writes = await minisgl_stream()
     assert len(writes) == len(PIECES) + 1
     first = sse_payloads(writes[0])
     assert len(first) == 1 and '"role":"assistant"' in first[0]  # headers + role + "KV"
     for write, piece in zip(writes[1:-1], PIECES[1:]):
         (payload,) = sse_payloads(write)
         assert json.loads(payload)["choices"][0]["delta"] == {"content": piece}
-    text, finish, done = sse_payloads(writes[-1])  # the terminal wake-up: one write, 3 events
-    assert json.loads(text)["choices"][0]["delta"] == {"content": LAST}
+    new_text, finish, done = sse_payloads(writes[-1])  # the terminal wake-up: one write
+    assert json.loads(new_text)["choices"][0]["delta"] == {"content": LAST}
     assert json.loads(finish)["choices"][0]["finish_reason"] == "stop"
     assert done == "[DONE]"
 
 
-async def test_include_usage_adds_a_usage_chunk_just_before_done():
-    raw, _ = await stream(stream_options={"include_usage": True})
+async def test_minisgl_include_usage_adds_a_usage_chunk_just_before_done():
+    raw, _ = await minisgl_stream(stream_options={"include_usage": True})
     *rest, usage, done = sse_payloads(raw)
     assert done == "[DONE]"
     chunk = ChatCompletionChunk.model_validate(json.loads(usage))

@@ -1,48 +1,205 @@
-"""Q7：调用方在 finished 后提前 break 时，wait_for_ack 的尾部删除是否执行？设计一个不依赖 GPU 的
-验证，并说明取消与异常路径还需要哪些清理保证。
+"""Quiz question 7: early exit after `finished`, cancellation and errors: what cleans up.
 
-答：不执行。break 之后生成器停在 yield 处，没人再推进它；之后无论被显式 aclose() 还是被垃圾
-回收，都是在 yield 处抛出 GeneratorExit，循环后面的普通语句一行也不会运行，所以映射残留。
-验证不需要 GPU：用参考式的管理器（`naive.RefStyleManager`，清理写在生成器尾部）和一个假的
-回复源，消费者在 finished 后 break，然后看 ack_map / event_map 里还剩什么。
+Checks `request_scope(states, uid, make_msg, send_one)` (exercise q7) with minisgl's
+listener and consumer loop over a FakeBackend:
+- inside the block the uid's RequestState is in `states` and its TokenizeMsg was sent;
+- `break` on the terminal output leaves no state and sends no AbortMsg; `break` before it
+  leaves no state and sends exactly one, and replies that arrive later are dropped;
+- a task cancelled at any await point (waiting for output, blocked in a send with output
+  pending, woken but not yet run, blocked in a send after the terminal reply) has no state
+  left the moment it is done, and sent one AbortMsg if and only if the terminal reply had
+  not arrived;
+- an exception in the block propagates after the same cleanup; a message that cannot be
+  made or sent leaves no state and nothing to abort; an error reply ends the request
+  without an abort.
 
-minisgl 的做法：请求的前台状态在 `async with frontend.request(...)` 这一个作用域里创建和删除
-（try/finally），不依赖生成器跑到尾部。取消和异常路径还需要：
-- 离开作用域时如果还没收到终止回复（取消、异常、提前退出），要发 AbortMsg，让 tokenizer worker
-  和 scheduler 也释放这个 uid；
-- 收到错误回复（它本身就是终止回复）时删除状态，但不必再发 AbortMsg——后端已经不再持有它；
-- 之后迟到的回复一律丢弃，不能重新建立状态。
+For contrast, the reference's design (`naive.RefStyleManager`, cleanup written after the
+generator's loop): its maps after consumers that break right after `finished` and close
+the generator, and after one that asks for one more item; and its cancel path
+(`stream_with_cancellation`, `abort_user`): when the maps go and the AbortMsg is sent,
+measured from the moment the client left, and where a late reply lands meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 
 import pytest
-from naive import RefStyleManager
+from naive import ABORT_DELAY, RefStyleManager
 
 from minisgl.core import SamplingParams
 from minisgl.message import ErrorInfo, ErrorKind, TokenizeMsg, UserReply
-from minisgl.testing.fakes import FakeBackend, listening, make_frontend, settle
+from minisgl.server.frontend import FrontendManager
+from minisgl.testing.fakes import FakeBackend, listening, make_frontend, settle, wait_until
 
 pytestmark = pytest.mark.q7
 
 
 def make_msg(uid: int) -> TokenizeMsg:
-    return TokenizeMsg(uid, SamplingParams())
+    return TokenizeMsg(uid, SamplingParams(), text="什么是 KV Cache？")
 
 
 def replies(uid: int) -> list[UserReply]:
     return [UserReply(uid, "a"), UserReply(uid, "b", finished=True, finish_reason="stop")]
 
 
-# ---------------------------------------------------------------- the reference-style tail
+def scope(exercise, frontend: FrontendManager, make: Callable[[int], TokenizeMsg] = make_msg):
+    """The exercise's scope for the next uid, over the frontend's states and channel."""
+    uid = next(frontend.uid_counter)
+    return exercise.request_scope(frontend.states, uid, make, frontend.send_one)
 
 
-async def test_reference_style_cleanup_at_the_tail_is_skipped_by_break():
+# ---------------------------------------------------------------- exercise q7
+
+
+async def test_inside_the_block_the_state_exists_and_the_message_went_out(exercise):
+    frontend, backend = make_frontend()
+    async with scope(exercise, frontend) as state:
+        assert frontend.states == {state.uid: state}
+        assert [m.uid for m in backend.tokenized()] == [state.uid]
+        assert backend.tokenized()[0] == make_msg(state.uid)
+        backend.inject(*replies(state.uid))
+        async with listening(frontend):
+            outs = [out.text async for out in frontend.wait_for_ack(state)]
+    assert outs == ["ab"]
+    assert frontend.states == {} and backend.aborts() == []
+
+
+async def test_break_on_the_terminal_output_leaves_nothing_and_sends_no_abort(exercise):
+    frontend, backend = make_frontend()
+    async with listening(frontend):
+        for _ in range(3):
+            async with scope(exercise, frontend) as state:
+                backend.inject(*replies(state.uid))
+                async with aclosing(frontend.wait_for_ack(state)) as outputs:
+                    async for out in outputs:
+                        if out.finished:
+                            break
+    assert frontend.states == {} and backend.aborts() == []
+
+
+async def test_break_before_the_end_removes_state_and_aborts_once(exercise):
+    frontend, backend = make_frontend()
+    async with listening(frontend):
+        async with scope(exercise, frontend) as state:
+            backend.inject(UserReply(state.uid, "a"))
+            async with aclosing(frontend.wait_for_ack(state)) as outputs:
+                async for _ in outputs:
+                    break  # the caller has seen enough
+        assert frontend.states == {} and backend.aborts() == [state.uid]
+        backend.inject(*replies(state.uid))  # already on their way
+        await settle()
+    assert frontend.states == {} and backend.aborts() == [state.uid]
+
+
+POINTS = [
+    "waiting_for_output",
+    "in_a_send_with_output_pending",
+    "woken_not_yet_run",
+    "in_a_send_after_the_terminal_reply",
+]
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exercise, point):
+    frontend, backend = make_frontend()
+    client_reads = asyncio.Event()  # never set: a send blocks for ever
+
+    async def serve() -> None:
+        async with scope(exercise, frontend) as state:
+            async with aclosing(frontend.wait_for_ack(state)) as outputs:
+                async for _ in outputs:
+                    await client_reads.wait()  # writing the output to the client
+
+    async with listening(frontend):
+        task = asyncio.create_task(serve())
+        await settle()
+        if task.done():
+            task.result()  # it failed on entry: its error is this test's
+        (uid,) = frontend.states
+        state = frontend.states[uid]
+        if point == "in_a_send_with_output_pending":
+            backend.inject(UserReply(uid, "a"))
+            await settle()
+            backend.inject(UserReply(uid, "b"))  # waits in the buffer
+        elif point == "woken_not_yet_run":
+            state.buffer.append(UserReply(uid, "a"))
+            state.event.set()  # the consumer would run next; it is cancelled first
+        elif point == "in_a_send_after_the_terminal_reply":
+            backend.inject(UserReply(uid, "a"))
+            await settle()
+            backend.inject(UserReply(uid, "b", finished=True, finish_reason="stop"))
+        await settle()
+        terminal = state.terminal
+
+        task.cancel()  # the client went away
+        await asyncio.gather(task, return_exceptions=True)
+        assert frontend.states == {}, "the task is done, but its request's state is not gone"
+        assert backend.aborts() == ([] if terminal else [uid])
+
+        backend.inject(UserReply(uid, "late"))  # a token already on its way
+        await settle()
+    assert frontend.states == {} and backend.aborts() == ([] if terminal else [uid])
+
+
+async def test_an_exception_in_the_block_propagates_after_cleanup_and_one_abort(exercise):
+    frontend, backend = make_frontend()
+    async with listening(frontend):
+        with pytest.raises(UnicodeError, match="could not be written"):
+            async with scope(exercise, frontend) as state:
+                backend.inject(UserReply(state.uid, "a"))
+                async for _ in frontend.wait_for_ack(state):
+                    raise UnicodeError("the response could not be written")
+    assert frontend.states == {} and backend.aborts() == [state.uid]
+
+
+@pytest.mark.parametrize("failing", ["make_msg", "send"])
+async def test_a_message_that_never_went_out_leaves_no_state_and_nothing_to_abort(
+    exercise, failing
+):
+    backend = FakeBackend()
+
+    def send(msgs: list) -> None:
+        if failing == "send":
+            raise OverflowError("the message cannot be encoded")
+        backend.send(msgs)
+
+    def make(uid: int) -> TokenizeMsg:
+        if failing == "make_msg":
+            raise OverflowError("the message cannot be made")
+        return make_msg(uid)
+
+    frontend = FrontendManager(send, backend.recv)
+    with pytest.raises(OverflowError, match="cannot be"):
+        async with scope(exercise, frontend, make):
+            pytest.fail("the block ran although the request never reached the workers")
+    assert frontend.states == {} and backend.sent == []
+
+
+async def test_an_error_reply_ends_the_request_without_abort(exercise):
+    frontend, backend = make_frontend()
+    too_long = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "the prompt is too long")
+    async with listening(frontend):
+        async with scope(exercise, frontend) as state:
+            backend.inject(UserReply(state.uid, finished=True, error=too_long))
+            outs = [out async for out in frontend.wait_for_ack(state)]
+    assert len(outs) == 1 and outs[0].finished and outs[0].error == too_long
+    assert frontend.states == {} and backend.aborts() == []  # the backend already let go
+
+
+# ---------------------------------------------------------------- the reference's design
+
+
+def ref_manager() -> tuple[RefStyleManager, FakeBackend, asyncio.Task]:
     backend = FakeBackend()
     manager = RefStyleManager(backend.send, backend.recv)
-    listener = asyncio.create_task(manager.listen())
+    return manager, backend, asyncio.create_task(manager.listen())
+
+
+async def test_reference_style_consumers_that_break_after_finished():
+    manager, backend, listener = ref_manager()
     for _ in range(3):  # three requests, each consumer breaks right after `finished`
         uid = manager.new_user()
         backend.inject(*replies(uid))
@@ -50,15 +207,13 @@ async def test_reference_style_cleanup_at_the_tail_is_skipped_by_break():
         async for ack in acks:
             if ack.finished:
                 break
-        await acks.aclose()  # even closing it explicitly runs no line after the loop
+        await acks.aclose()  # closed explicitly, not left to the garbage collector
     listener.cancel()
-    assert sorted(manager.ack_map) == sorted(manager.event_map) == [0, 1, 2]  # leaked
+    assert sorted(manager.ack_map) == sorted(manager.event_map) == [0, 1, 2]
 
 
-async def test_the_tail_runs_only_if_the_consumer_asks_for_one_more_item():
-    backend = FakeBackend()
-    manager = RefStyleManager(backend.send, backend.recv)
-    listener = asyncio.create_task(manager.listen())
+async def test_reference_style_a_consumer_that_asks_for_one_more_item():
+    manager, backend, listener = ref_manager()
     uid = manager.new_user()
     backend.inject(*replies(uid))
     texts = [ack.incremental_output async for ack in manager.wait_for_ack(uid)]  # no break
@@ -66,79 +221,43 @@ async def test_the_tail_runs_only_if_the_consumer_asks_for_one_more_item():
     assert texts == ["a", "b"] and manager.ack_map == {} and manager.event_map == {}
 
 
-async def test_reference_style_cancel_leaks_and_tells_the_backend_nothing():
-    backend = FakeBackend()
-    manager = RefStyleManager(backend.send, backend.recv)
+@pytest.mark.parametrize("how", ["server_cancels_the_task", "disconnect_seen_before_a_chunk"])
+async def test_reference_style_cancel_path(how):
+    manager, backend, listener = ref_manager()
     uid = manager.new_user()
+    gone = False
 
-    async def consume():
-        async for _ in manager.wait_for_ack(uid):
-            pass
+    async def is_disconnected() -> bool:
+        return gone
 
-    task = asyncio.create_task(consume())
+    async def chunks() -> AsyncIterator[str]:
+        async for ack in manager.wait_for_ack(uid):
+            yield ack.incremental_output
+
+    async def serve() -> None:
+        async for _ in manager.stream_with_cancellation(chunks(), is_disconnected, uid):
+            pass  # written to the client
+
+    task = asyncio.create_task(serve())
+    backend.inject(UserReply(uid, "a"))
     await settle()
-    task.cancel()  # the client went away
-    await asyncio.gather(task, return_exceptions=True)
-    assert uid in manager.ack_map and uid in manager.event_map
-    assert backend.sent == []  # no AbortMsg: the scheduler would keep generating
-
-
-# ---------------------------------------------------------------- minisgl: one scope per request
-
-
-async def test_ours_break_after_finished_leaves_nothing_and_needs_no_abort():
-    frontend, backend = make_frontend()
-    async with listening(frontend):
-        for _ in range(3):
-            async with frontend.request(make_msg) as state:
-                backend.inject(*replies(state.uid))
-                async for out in frontend.wait_for_ack(state):
-                    if out.finished:
-                        break
-                assert out.text == "ab"
-    assert frontend.states == {} and backend.aborts() == []
-
-
-async def test_ours_cancel_removes_state_and_sends_abort():
-    frontend, backend = make_frontend()
-    async with listening(frontend):
-
-        async def serve():
-            async with frontend.request(make_msg) as state:
-                async for _ in frontend.wait_for_ack(state):
-                    pass
-
-        task = asyncio.create_task(serve())
-        await settle()
-        (uid,) = frontend.states
-        backend.inject(UserReply(uid, "a"))
-        await settle()
+    loop = asyncio.get_running_loop()
+    left = loop.time()  # the client leaves
+    if how == "server_cancels_the_task":
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        assert frontend.states == {} and backend.aborts() == [uid]
+    else:
+        gone = True
+        backend.inject(UserReply(uid, "b"))  # the next chunk finds the client gone
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.done()
+    # the serving task is over, its request is not: its maps stay, no abort was sent
+    assert uid in manager.ack_map and uid in manager.event_map and backend.aborts() == []
+    backend.inject(UserReply(uid, "late"))  # the scheduler is still generating for it
+    await settle()
+    assert [r.incremental_output for r in manager.ack_map[uid]][-1] == "late"  # it lands
 
-        backend.inject(UserReply(uid, "late"))  # a token already on its way
-        await settle()
-    assert frontend.states == {} and backend.aborts() == [uid]
-
-
-async def test_ours_an_exception_in_the_consumer_removes_state_and_sends_abort():
-    frontend, backend = make_frontend()
-    async with listening(frontend):
-        with pytest.raises(UnicodeError):
-            async with frontend.request(make_msg) as state:
-                backend.inject(UserReply(state.uid, "a"))
-                async for _ in frontend.wait_for_ack(state):
-                    raise UnicodeError("the response could not be written")
-    assert frontend.states == {} and backend.aborts() == [state.uid]
-
-
-async def test_ours_an_error_reply_ends_the_request_without_abort():
-    frontend, backend = make_frontend()
-    too_long = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "the prompt is too long")
-    async with listening(frontend):
-        async with frontend.request(make_msg) as state:
-            backend.inject(UserReply(state.uid, finished=True, error=too_long))
-            outs = [out async for out in frontend.wait_for_ack(state)]
-    assert len(outs) == 1 and outs[0].finished and outs[0].error == too_long
-    assert frontend.states == {} and backend.aborts() == []  # the backend already let go
+    await wait_until(lambda: backend.aborts() != [], timeout=1.0)
+    assert loop.time() - left >= 0.99 * ABORT_DELAY  # a fixed wait, in another task
+    assert backend.aborts() == [uid]
+    assert uid not in manager.ack_map and uid not in manager.event_map
+    listener.cancel()

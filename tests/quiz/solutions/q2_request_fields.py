@@ -1,0 +1,30 @@
+"""Reference solution of exercise q2: where the fields of a chat request go.
+
+Contract:
+- `tokenize_msg(req, uid)` is the TokenizeMsg that /v1/chat/completions sends to the
+  tokenizer worker for `req` under `uid`: the chat messages as chat-template input
+  (`{"role", "content"}`, text parts joined, "developer" as "system"), and every sampling
+  parameter in `SamplingParams` (`max_tokens` or `max_completion_tokens` as `max_tokens`).
+- `frontend_only_fields()` names the request fields that never reach the workers: changing
+  one of them changes no message the API server sends.
+"""
+
+from __future__ import annotations
+
+from minisgl.message import TokenizeMsg
+from minisgl.server.protocol import ChatCompletionRequest
+
+
+def tokenize_msg(req: ChatCompletionRequest, uid: int) -> TokenizeMsg:
+    messages = [m.as_template_input() for m in req.messages]  # the chat template's input
+    return TokenizeMsg(uid, req.sampling_params(), messages=messages)
+
+
+def frontend_only_fields() -> set[str]:
+    return {
+        "model",  # compared with the served model's name: a mismatch is a 404
+        "stream",  # picks StreamResponse or FullResponse
+        "stream_options",  # include_usage: one more chunk at the end of the stream
+        "user",  # logged with the request
+        "response_format",  # only {"type": "text"} is accepted, which asks for nothing
+    }
