@@ -1,6 +1,7 @@
 # Every target installs what it needs into .venv first, idempotently.
 #   make run    serve the embedded default model (or ARGS="--model ...") on http://127.0.0.1:1919
-#   make test   the whole suite: unit, end-to-end, quiz, notebooks, docs
+#   make test   the whole suite: unit, end-to-end, quiz, notebooks, and the site (built with the
+#               notebooks executed, every page opened in headless chromium: tests/site)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -9,7 +10,7 @@ ARGS   ?=
 MERMAID_VERSION := 11.6.0
 MERMAID := chapters/assets/vendor/mermaid.min.js
 
-.PHONY: install run test docs lint clean gpu-wheels
+.PHONY: install run test docs lint clean gpu-wheels browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,13 +42,27 @@ $(MERMAID):
 run: install
 	$(BIN)/python -m minisgl $(ARGS)
 
+# the site test (tests/site) opens every page in Debian's chromium, headless, with CJK fonts:
+# installed here where root and apt-get exist; elsewhere one line says the test will skip
+browser:
+	@if [ -x /usr/bin/chromium ] && find /usr/share/fonts -iname '*cjk*' -print -quit 2>/dev/null | grep -q .; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing chromium and fonts-noto-cjk for the site test (apt-get)"; \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-noto-cjk >/dev/null; } \
+	    || echo "apt-get could not install chromium and fonts-noto-cjk: the site's browser test will skip"; \
+	else \
+	  echo "no chromium with CJK fonts, and no root apt-get to install them: the site's browser test will skip"; \
+	fi
+
+# every build executes the notebooks first (notebooks/site_hooks.py): the pages show their outputs
 docs: install $(MERMAID)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-test: install $(MERMAID)
+# tests/site builds the site (`mkdocs build --strict`, notebooks executed) and opens every page
+# in chromium, so there is no separate build step here
+test: install $(MERMAID) browser
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q --nbmake notebooks
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -q
 
 lint: install
 	$(BIN)/ruff check minisgl tests benchmarks notebooks

@@ -11,8 +11,14 @@ with the same two channel callables as `FrontendManager` (`send` takes a list of
   it polls; `polls` and `empty_polls` count how often it looked.
 - `RefStyleManager`: the reference's `ack_map` / `event_map` pair. It delivers every reply,
   but it deletes a uid's maps only at the tail of the `wait_for_ack` generator, a line that
-  a consumer which breaks after `finished` (or is cancelled, or raises) never reaches; its
-  lists are unbounded, and it never sends AbortMsg.
+  a consumer which breaks after `finished` (or is cancelled, or raises) never reaches, and
+  its lists are unbounded. A cancelled stream has the reference's cancel path:
+  `stream_with_cancellation` wraps a stream of chunks, awaits `is_disconnected()` before
+  each one, and on cancellation schedules `abort_user(uid)` as a task it keeps no reference
+  to, then re-raises; `abort_user` sleeps a fixed `ABORT_DELAY` (0.1 s), only then deletes
+  the uid's maps and sends AbortMsg, and until then the listener keeps appending that uid's
+  replies. It is the only place that sends AbortMsg: a non-streaming request, or a consumer
+  that breaks early, never tells the backend.
 
 The quiz (tests/quiz/) imports this same file.
 """
@@ -20,11 +26,13 @@ The quiz (tests/quiz/) imports this same file.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 
-from minisgl.message import UserReply
+from minisgl.message import AbortMsg, UserReply
 
 Recv = Callable[[], Awaitable[list]]
+
+ABORT_DELAY = 0.1  # seconds: the reference's fixed wait before it forgets a cancelled uid
 
 
 class _Naive:
@@ -105,7 +113,8 @@ class ListOnlyManager(_Naive):
 
 
 class RefStyleManager(_Naive):
-    """The reference's ack_map + event_map, cleanup at the generator's tail."""
+    """The reference's ack_map + event_map: cleanup at the generator's tail, and a cancel
+    path (`stream_with_cancellation`) that cleans up and aborts 0.1 s later, in another task."""
 
     def __init__(self, send, recv: Recv) -> None:
         super().__init__(send, recv)
@@ -149,3 +158,34 @@ class RefStyleManager(_Naive):
         # suspended at `yield` above, and closing it there skips these lines too
         del self.ack_map[uid]
         del self.event_map[uid]
+
+    async def abort_user(self, uid: int) -> None:
+        """The reference's cancel: wait a fixed 0.1 s, then forget `uid` and tell the backend.
+
+        During the wait the listener still appends `uid`'s replies to its list."""
+        await asyncio.sleep(ABORT_DELAY)
+        if uid in self.ack_map:
+            del self.ack_map[uid]
+        if uid in self.event_map:
+            del self.event_map[uid]
+        self.unread.pop(uid, None)  # instrumentation, not part of the reference
+        self.send([AbortMsg(uid)])
+
+    async def stream_with_cancellation(
+        self,
+        chunks: AsyncIterable,
+        is_disconnected: Callable[[], Awaitable[bool]],
+        uid: int,
+    ) -> AsyncIterator:
+        """Yield from `chunks`, asking `is_disconnected()` before each chunk; a disconnect
+        raises CancelledError. On CancelledError (that one, or the web server cancelling the
+        task) it schedules `abort_user(uid)` as a separate task, keeps no reference to it,
+        and re-raises: the cleanup happens later, in another task, if at all."""
+        try:
+            async for chunk in chunks:
+                if await is_disconnected():
+                    raise asyncio.CancelledError
+                yield chunk
+        except asyncio.CancelledError:
+            asyncio.create_task(self.abort_user(uid))  # fire and forget, as the reference does
+            raise

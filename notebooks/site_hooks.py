@@ -1,0 +1,93 @@
+"""mkdocs hook (mkdocs.yml `hooks:`): the site shows each notebook as it runs now.
+
+Contract:
+- On every build, before the pages are rendered, each notebook page's .ipynb is executed
+  top to bottom with nbclient: kernel from the notebook's metadata, working directory
+  notebooks/ (so `from helpers import ...` and `from naive import ...` work), at most
+  `CELL_TIMEOUT` seconds per cell, no error allowed. mkdocs-jupyter (`execute: false`)
+  then renders the executed copy, outputs and figures included, and the page's download
+  link serves that copy too. The copies live in a temporary folder, removed after the build.
+- A cell that raises, a cell past the timeout, or a kernel that dies fails the build,
+  naming the notebook and the error.
+- Each notebook's execution time is logged at INFO (`mkdocs build` shows it).
+- `MINISGL_SITE_EXECUTE=0` skips the execution, for a quick local preview: the notebook
+  pages then show no outputs. CI and the site test never set it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from mkdocs.exceptions import PluginError
+from mkdocs.plugins import event_priority
+
+CELL_TIMEOUT = 600  # seconds for one cell; the slowest (a real server's start) takes ~30
+NOTEBOOKS = Path(__file__).resolve().parent
+
+log = logging.getLogger(f"mkdocs.plugins.{__name__}")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_tmp: str | None = None
+
+
+def execute(src: Path, dest: Path) -> float:
+    """Run the notebook at `src` top to bottom, write it with its outputs to `dest`, and
+    return the seconds it took; raise PluginError if any cell fails."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.read(src, as_version=4)
+    client = NotebookClient(
+        nb,
+        timeout=CELL_TIMEOUT,
+        kernel_name=nb.metadata.get("kernelspec", {}).get("name", "python3"),
+        allow_errors=False,
+        resources={"metadata": {"path": str(NOTEBOOKS)}},  # the kernel's working directory
+    )
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except Exception as exc:  # CellExecutionError, CellTimeoutError, DeadKernelError
+        raise PluginError(f"notebook {src.name} failed:\n{_ANSI.sub('', str(exc))}") from exc
+    nbformat.write(nb, dest)
+    return time.perf_counter() - start
+
+
+# after mkdocs-jupyter's on_files (priority 0), which wraps each notebook file
+@event_priority(-100)
+def on_files(files, config):
+    global _tmp
+    if os.environ.get("MINISGL_SITE_EXECUTE", "1") == "0":
+        log.info("MINISGL_SITE_EXECUTE=0: notebook pages show no outputs")
+        return files
+    _cleanup()
+    _tmp = tempfile.mkdtemp(prefix="minisgl-site-notebooks-")
+    for file in sorted(files, key=lambda f: f.src_uri):
+        if not file.src_uri.endswith(".ipynb"):
+            continue
+        src = Path(file.abs_src_path)
+        dest = Path(_tmp) / src.name
+        seconds = execute(src, dest)
+        log.info("executed %s in %.1f s", file.src_uri, seconds)
+        file.abs_src_path = str(dest)  # what mkdocs-jupyter renders and offers for download
+    return files
+
+
+def on_post_build(config):
+    _cleanup()
+
+
+def on_build_error(error):
+    _cleanup()
+
+
+def _cleanup() -> None:
+    global _tmp
+    if _tmp is not None:
+        shutil.rmtree(_tmp, ignore_errors=True)
+        _tmp = None

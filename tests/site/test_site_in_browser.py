@@ -1,0 +1,445 @@
+"""The chapter site as a reader sees it: built, served, and opened in headless Chromium.
+
+Contract:
+- The site is built with `mkdocs build --strict` into a temporary folder; that build
+  executes every notebook (notebooks/site_hooks.py), so a notebook that fails, or any
+  strict warning, fails here. The build test needs no browser and always runs.
+- The site is served on 127.0.0.1 and EVERY page (each index.html the build wrote) is
+  opened in Debian's chromium through Playwright (`executable_path=/usr/bin/chromium`; no
+  browser download). On each page:
+  - one visible h1, and as many h2/h3 as the page's source (.md or notebook markdown) has;
+  - each mermaid block of the source rendered to an SVG (no syntax-error SVG) in which no
+    two text boxes (node labels, subgraph titles, edge labels, actor/message/note texts)
+    overlap by more than 3 px each way (the lines of one multi-line label touch);
+  - each snippet (`--8<-- "file:section"`) rendered as highlighted code containing the
+    first line of that section of that file;
+  - no uncaught script error.
+- On each notebook page: the executed notebook offered for download has every code cell
+  executed and no error output; the page shows all of its outputs (at least one), and
+  each figure as an image that loaded: the count of <img> equals the PNG outputs of the
+  executed notebook and the `show(...)` calls in the notebook's source.
+- The site's search box, typed into like a reader does, lists the chapter page for 泄漏
+  and for `wait_for_ack`.
+
+Skipped with a one-line reason where /usr/bin/chromium, a CJK font,
+the playwright package or the vendored mermaid is missing; `make test` installs chromium
+and fonts-noto-cjk with apt-get where it runs as root, and vendors mermaid.
+MINISGL_SITE_DIR=<built site> reuses a site built before instead of building one (for
+working on these checks; CI never sets it).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+# the first test builds the site, executing every notebook: minutes on a busy 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAPTERS = ROOT / "chapters"
+NOTEBOOKS = ROOT / "notebooks"
+CHROMIUM = Path("/usr/bin/chromium")
+MERMAID_JS = CHAPTERS / "assets" / "vendor" / "mermaid.min.js"
+CHAPTER_PAGE = "http-and-concurrency/"
+
+# text boxes in a rendered mermaid diagram that must not overlap one another
+LABELS = ", ".join(
+    [
+        ".nodeLabel",  # flowchart node labels
+        ".cluster-label",  # subgraph titles
+        "span.edgeLabel",  # edge labels
+        "text.actor",  # sequence diagram participants
+        "text.messageText",
+        "text.noteText",
+        "text.loopText",
+        "text.labelText",
+    ]
+)
+
+# two text boxes overlap when they share more than this many pixels each way: the box of a
+# text line includes its leading, so the lines of one multi-line label touch by a pixel or two
+TOLERANCE_PX = 3
+
+# material renders each mermaid diagram into a closed shadow root; open it for the test
+OPEN_SHADOW_ROOTS = """
+const attach = Element.prototype.attachShadow;
+Element.prototype.attachShadow = function (init) {
+  return attach.call(this, Object.assign({}, init, {mode: "open"}));
+};
+"""
+
+DIAGRAMS_RENDERED = """(n) => {
+  const done = [...document.querySelectorAll("div.mermaid")].filter(
+    (el) => el.shadowRoot && el.shadowRoot.querySelector("svg"));
+  return done.length >= n;
+}"""
+
+DIAGRAM_FACTS = """([selector, tolerance]) => [...document.querySelectorAll("div.mermaid")].map((host) => {
+  const svg = host.shadowRoot.querySelector("svg");
+  const r = svg.getBoundingClientRect();
+  const boxes = [...host.shadowRoot.querySelectorAll(selector)]
+    .map((el) => ({el, text: el.textContent.trim(), r: el.getBoundingClientRect()}))
+    .filter((b) => b.text && b.r.width > 0 && b.r.height > 0)
+    .filter((b, _, all) => !all.some((o) => o.el !== b.el && o.el.contains(b.el)));  // outermost
+  const overlaps = [];
+  for (let i = 0; i < boxes.length; i++) {
+    for (let j = i + 1; j < boxes.length; j++) {
+      const a = boxes[i], b = boxes[j];
+      const w = Math.min(a.r.right, b.r.right) - Math.max(a.r.left, b.r.left);
+      const h = Math.min(a.r.bottom, b.r.bottom) - Math.max(a.r.top, b.r.top);
+      if (w > tolerance && h > tolerance) overlaps.push(`${a.text} / ${b.text} (${w.toFixed(0)}x${h.toFixed(0)} px)`);
+    }
+  }
+  return {width: r.width, height: r.height, error: /Syntax error/i.test(svg.textContent),
+          labels: boxes.length, overlaps};
+})"""
+
+# the search worker has loaded the index: the result list shows its placeholder line
+SEARCH_READY = """() => {
+  const config = JSON.parse(document.getElementById("__config").textContent);
+  const meta = document.querySelector(".md-search-result__meta");
+  return meta && meta.textContent.trim() === config.translations["search.result.placeholder"];
+}"""
+
+PAGE_FACTS = """() => {
+  const article = document.querySelector("article");
+  const visible = (el) => !!(el.offsetWidth || el.offsetHeight || el.getClientRects().length);
+  const count = (sel) => article.querySelectorAll(sel).length;
+  return {
+    h1: [...article.querySelectorAll("h1")].filter(visible).map((h) => h.textContent.trim()),
+    h2: count("h2"), h3: count("h3"),
+    code: [...article.querySelectorAll(".highlight pre code")].map((c) => c.textContent),
+    outputs: count(".jp-OutputArea-child"),
+    output_text: [...article.querySelectorAll(".jp-OutputArea-output")]
+      .map((o) => o.innerText).join("").trim().length,
+    images: [...article.querySelectorAll(".jp-OutputArea-output img")]
+      .map((img) => ({loaded: img.complete && img.naturalWidth > 0, width: img.naturalWidth})),
+  };
+}"""
+
+
+# ------------------------------------------------------------------ the site, built and served
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    prebuilt = os.environ.get("MINISGL_SITE_DIR")
+    if prebuilt:
+        assert (Path(prebuilt) / "index.html").is_file(), f"MINISGL_SITE_DIR={prebuilt}: no site"
+        return Path(prebuilt)
+    out = tmp_path_factory.mktemp("site")
+    mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)]
+    start = time.monotonic()
+    done = subprocess.run(
+        mkdocs,
+        cwd=ROOT,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINISGL_SITE_EXECUTE": "1"},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-6000:]}"
+    print(f"\nsite built (notebooks executed) in {time.monotonic() - start:.0f} s")
+    return out
+
+
+@dataclass
+class Page:
+    url: str  # relative to the site root, "" for the home page
+    source: Path  # the .md or .ipynb it was built from
+    facts: dict = field(default_factory=dict)
+    diagrams: list = field(default_factory=list)
+    errors: list = field(default_factory=list)
+
+    @property
+    def is_notebook(self) -> bool:
+        return self.source.suffix == ".ipynb"
+
+
+def source_of(url: str) -> Path | None:
+    """The file a page was built from (use_directory_urls: foo/bar/ <- foo/bar.md)."""
+    stem = url.rstrip("/") or "index"
+    for candidate in (CHAPTERS / f"{stem}.md", CHAPTERS / stem / "index.md"):
+        if candidate.is_file():
+            return candidate
+    if stem.startswith("notebooks/") and (NOTEBOOKS / f"{stem[10:]}.ipynb").is_file():
+        return NOTEBOOKS / f"{stem[10:]}.ipynb"
+    return None
+
+
+@pytest.fixture(scope="module")
+def pages(site) -> list[Page]:
+    found = []
+    for index in sorted(site.rglob("index.html")):
+        rel = index.parent.relative_to(site).as_posix()
+        url = "" if rel == "." else f"{rel}/"
+        if url.startswith(("assets/", "search/")):
+            continue
+        source = source_of(url)
+        assert source is not None, f"page {url or '/'}: no source found for it"
+        found.append(Page(url, source))
+    return found
+
+
+def executed_notebook(site: Path, page: Page) -> dict:
+    """The notebook the page offers for download: the copy executed by the build."""
+    return json.loads((site / page.url / page.source.name).read_text(encoding="utf-8"))
+
+
+def test_the_strict_build_has_every_page_and_runs_every_notebook(site, pages):
+    sources = {p.source for p in pages}
+    expected = {*CHAPTERS.glob("*.md"), *NOTEBOOKS.glob("*.ipynb")}
+    assert expected <= sources, f"no page for {sorted(str(p) for p in expected - sources)}"
+    for page in (p for p in pages if p.is_notebook):
+        code = [c for c in executed_notebook(site, page)["cells"] if c["cell_type"] == "code"]
+        unrun = [i for i, c in enumerate(code) if c.get("execution_count") is None]
+        errors = [o for c in code for o in c.get("outputs", []) if o["output_type"] == "error"]
+        assert not unrun, f"{page.source.name}: code cells {unrun} were not executed"
+        assert not errors, f"{page.source.name}: error outputs {errors}"
+        assert any(c.get("outputs") for c in code), f"{page.source.name}: no outputs at all"
+
+
+@pytest.fixture(scope="module")
+def server(site):
+    handler = functools.partial(_QuietHandler, directory=str(site))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+# ------------------------------------------------------------------ the browser
+def _missing() -> str | None:
+    if not CHROMIUM.is_file():
+        return f"{CHROMIUM} not installed (make test installs chromium with apt-get as root)"
+    if not _cjk_font():
+        return "no CJK font (make test installs fonts-noto-cjk with apt-get as root)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "the playwright package is not installed (pip install -e '.[dev]')"
+    if not MERMAID_JS.is_file():
+        return f"{MERMAID_JS.relative_to(ROOT)} missing (make docs or make test vendors it)"
+    return None
+
+
+def _cjk_font() -> bool:
+    if shutil.which("fc-list"):
+        found = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True)
+        return bool(found.stdout.strip())
+    return any(Path("/usr/share/fonts").rglob("*CJK*"))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def rendered(browser, server, pages) -> list[Page]:
+    """Every page opened once; what the checks below need, read from the live DOM."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script(OPEN_SHADOW_ROOTS)
+    for page in pages:
+        tab = context.new_page()
+        tab.on("pageerror", lambda exc, page=page: page.errors.append(str(exc)))
+        tab.goto(server + page.url, wait_until="load")
+        expected = len(mermaid_blocks(page.source))
+        if expected:
+            tab.wait_for_function(DIAGRAMS_RENDERED, arg=expected, timeout=30_000)
+            tab.wait_for_timeout(300)  # let the fonts settle before measuring
+            page.diagrams = tab.evaluate(DIAGRAM_FACTS, [LABELS, TOLERANCE_PX])
+        page.facts = tab.evaluate(PAGE_FACTS)
+        tab.close()
+    context.close()
+    return pages
+
+
+# ------------------------------------------------------------------ what the sources say
+def markdown_of(source: Path) -> str:
+    if source.suffix == ".ipynb":
+        cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
+        return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return source.read_text(encoding="utf-8")
+
+
+def outside_fences(text: str) -> list[str]:
+    lines, fence = [], None
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        if fence is None and stripped.startswith(("```", "~~~")):
+            fence = stripped[:3]
+        elif fence is not None and stripped.startswith(fence):
+            fence = None
+        elif fence is None:
+            lines.append(line)
+    return lines
+
+
+def headings(source: Path, level: int) -> int:
+    mark = "#" * level + " "
+    return sum(line.startswith(mark) for line in outside_fences(markdown_of(source)))
+
+
+def mermaid_blocks(source: Path) -> list[str]:
+    return re.findall(r"^\s*```mermaid\s*$", markdown_of(source), flags=re.M)
+
+
+def snippets(source: Path) -> list[str]:
+    return re.findall(r'^\s*--8<--\s+"([^"]+)"\s*$', markdown_of(source), flags=re.M)
+
+
+def first_line_of(spec: str) -> str:
+    """The first non-blank line that the snippet `file[:section]` quotes."""
+    path, _, section = spec.partition(":")
+    lines = (ROOT / path).read_text(encoding="utf-8").splitlines()
+    if section:
+        start = next(i for i, s in enumerate(lines) if f"--8<-- [start:{section}]" in s)
+        lines = lines[start + 1 :]
+    return next(s.strip() for s in lines if s.strip() and "--8<--" not in s)
+
+
+def figures_shown(source: Path) -> int:
+    """`show(...)` calls in the code cells: each one displays one figure (helpers.show)."""
+    cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    return len(re.findall(r"^\s*show\(", code, flags=re.M))
+
+
+def png_outputs(notebook: dict) -> int:
+    return sum(
+        "image/png" in o.get("data", {}) for c in notebook["cells"] for o in c.get("outputs", [])
+    )
+
+
+def output_count(notebook: dict) -> int:
+    return sum(len(c.get("outputs", [])) for c in notebook["cells"])
+
+
+# ------------------------------------------------------------------ the checks
+def _check_all(rendered, check) -> None:
+    failures = [f"{p.url or '/'}: {msg}" for p in rendered for msg in check(p)]
+    assert not failures, "\n".join(failures)
+
+
+def test_every_page_shows_its_headings(rendered):
+    def check(page):
+        f = page.facts
+        if len(f["h1"]) != 1 or not f["h1"][0].strip("¶ "):
+            yield f"expected one visible h1, found {f['h1']}"
+        for level in (2, 3):
+            want = headings(page.source, level)
+            if f[f"h{level}"] != want:
+                yield f"{f[f'h{level}']} h{level} on the page, {want} in {page.source.name}"
+
+    _check_all(rendered, check)
+
+
+def test_every_mermaid_block_renders_to_svg_without_overlapping_labels(rendered):
+    assert any(p.diagrams for p in rendered), "no mermaid diagram found on any page"
+
+    def check(page):
+        want = len(mermaid_blocks(page.source))
+        if len(page.diagrams) != want:
+            yield f"{len(page.diagrams)} diagrams rendered, {want} mermaid blocks in the source"
+        for i, d in enumerate(page.diagrams, 1):
+            if d["error"] or d["width"] < 50 or d["height"] < 50:
+                yield f"diagram {i} did not render: {d}"
+            elif d["labels"] < 2:
+                yield f"diagram {i}: only {d['labels']} text boxes found"
+            for overlap in d["overlaps"]:
+                yield f"diagram {i}: text boxes overlap: {overlap}"
+
+    _check_all(rendered, check)
+
+
+def test_every_snippet_is_rendered_as_code(rendered):
+    assert any(snippets(p.source) for p in rendered), "no snippet found in any source"
+
+    def squash(text):
+        return " ".join(text.split())
+
+    def check(page):
+        code = [squash(c) for c in page.facts["code"]]
+        if any('--8<-- "' in c for c in code):
+            yield "a snippet marker was rendered instead of the code it names"
+        for spec in snippets(page.source):
+            line = squash(first_line_of(spec))
+            if not any(line in c for c in code):
+                yield f"snippet {spec}: {line!r} is in no highlighted code block"
+
+    _check_all(rendered, check)
+
+
+def test_every_notebook_page_shows_its_outputs_and_figures(rendered, site):
+    notebooks = [p for p in rendered if p.is_notebook]
+    assert len(notebooks) == len(list(NOTEBOOKS.glob("*.ipynb")))
+
+    def check(page):
+        if not page.is_notebook:
+            return
+        f, executed = page.facts, executed_notebook(site, page)
+        if f["outputs"] < 1 or f["output_text"] == 0:
+            yield "no output shown"
+        if f["outputs"] != output_count(executed):
+            yield f"{f['outputs']} outputs shown, {output_count(executed)} in the notebook"
+        shown, pngs = figures_shown(page.source), png_outputs(executed)
+        if not shown == pngs == len(f["images"]):
+            yield (
+                f"{len(f['images'])} <img> on the page, {pngs} PNG outputs in the executed "
+                f"notebook, {shown} show() calls in its source"
+            )
+        if not all(img["loaded"] and img["width"] > 100 for img in f["images"]):
+            yield f"a figure did not load: {f['images']}"
+
+    _check_all(rendered, check)
+
+
+def test_no_page_has_a_script_error(rendered):
+    _check_all(rendered, lambda page: (f"uncaught: {e}" for e in page.errors))
+
+
+@pytest.mark.parametrize("query", ["泄漏", "wait_for_ack"])
+def test_the_search_box_finds_the_chapter(browser, server, query):
+    tab = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        tab.goto(server, wait_until="load")
+        box = tab.locator("input.md-search__input")
+        box.click()
+        tab.wait_for_function(SEARCH_READY, timeout=60_000)  # the index is loaded
+        box.press_sequentially(query, delay=30)  # typed, as a reader does
+        # Chinese arrives as inserted text, without key events; an IME commits it with a key
+        # press, and material's search reads the box on keyup: press one that types nothing
+        box.press("End")
+        results = tab.locator(".md-search-result__item a")
+        results.first.wait_for(timeout=20_000)
+        hrefs = [a.get_attribute("href") or "" for a in results.all()]
+    finally:
+        tab.close()
+    assert any(CHAPTER_PAGE in h for h in hrefs), f"{query!r}: results {hrefs}"
