@@ -66,7 +66,7 @@ def on_files(files, config):
         log.info("MINISGL_SITE_EXECUTE=0: notebook pages show no outputs")
         return files
     _cleanup()
-    _tmp = tempfile.mkdtemp(prefix="minisgl-site-notebooks-")
+    _tmp = tempfile.mkdtemp(prefix="site-notebooks-")  # not minisgl-*: those are IPC dirs
     for file in sorted(files, key=lambda f: f.src_uri):
         if not file.src_uri.endswith(".ipynb"):
             continue
