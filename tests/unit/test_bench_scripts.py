@@ -104,3 +104,26 @@ def test_profile_summary_of_collapsed_stacks():
         "minisgl/server/frontend.py:append": 30.0,
     }
     assert dict(s["minisgl_inclusive_pct"])["minisgl/server/frontend.py:listen"] == 30.0
+
+
+def test_step_overhead_phases_add_up(tmp_path):
+    """A tiny run of benchmarks/step_overhead.py: every phase is there, none is negative and
+    together they take no more than the step's wall time."""
+    import json
+
+    import step_overhead
+
+    out = tmp_path / "steps.json"
+    argv = ["--device", "cpu", "--batch-sizes", "1", "2", "--steps", "2", "--warmup", "1"]
+    argv += ["--hidden-size", "64", "--vocab-size", "512", "--prompt-len", "4"]
+    assert step_overhead.main([*argv, "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["batch"] for r in results] == [1, 2]
+    for r in results:
+        assert len(r["steps"]) == 2
+        for step in [*r["steps"], r["mean_s"]]:
+            assert set(step_overhead.PHASES) <= set(step)
+            assert all(step[p] >= -1e-9 for p in step_overhead.PHASES), step
+            measured = sum(step[p] for p in step_overhead.PHASES if p != "other")
+            assert 0 < measured <= step["wall"] * (1 + 1e-9), step
+            assert step["forward"] > 0 and step["schedule"] > 0 and step["post"] > 0

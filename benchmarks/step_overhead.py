@@ -1,0 +1,320 @@
+"""Host overhead per decode step: where one scheduler step's time goes, phase by phase.
+
+What it measures: with a model so small that compute is negligible (by default the
+shipped qwen3-0.6b config cut to `--layers 2`, random weights), B requests (`--batch-sizes`,
+default 1 64 256) are admitted, prefilled, decoded `--warmup` untimed steps, then `--steps`
+timed decode steps of all B at once. Every timed step is one pass of the scheduler's process
+loop as `Scheduler.run_forever` runs it (receive, then `step()`), driven here in-process as
+`minisgl.llm` drives it, and is split into:
+
+- receive: the loop over `process_msg` for the messages that arrived for the step (none
+  while decoding, so ~0, but measured);
+- schedule: `Scheduler._schedule_next_batch`;
+- prepare: building the step's inputs: `Engine._forward_info` (or, with CUDA graphs, the
+  input staging of `DecodeGraphRunner.run`), the attention backend's `prepare` and
+  `Sampler.prepare`;
+- forward: the model call and the LM head (`Engine.logits` less the above; with CUDA
+  graphs, the graph replay);
+- sample: `Sampler.sample`, `Sampler.logprobs` and the rest of `Engine.forward` (the
+  `tolist()` that brings the tokens to the host);
+- post: the rest of `Scheduler.step`: advancing `cached_len`, appending tokens, building
+  the `DetokenizeMsg` replies, freeing finished requests (all B finish on the last timed
+  step, so freeing is in the figures once per `--steps`);
+- other: the step's wall time less all of the above (loop bookkeeping, the timers).
+
+How: the methods are wrapped from the outside (instance attributes shadowing the bound
+methods; nothing in minisgl/ is edited). A wrapper's time excludes the wrapped calls
+nested in it, so the phases never overlap and add up to at most the wall time. On CUDA
+every wrapper synchronises the device on entry and exit, so each phase holds its own
+device work; the forward is then device time (plus its launches), and "host" is the step's
+wall time less the forward. On the CPU everything is host time; "host" is still reported
+as wall less forward, the part that is not the model.
+
+The synchronisation serialises host and device, as the current engine does anyway (the
+sampled tokens are read back with `tolist()` every step). An overlap scheduler does not
+exist yet: `--disable-overlap-schedule` is accepted and changes nothing (it is there so
+that the "after" command line of the engine-pipeline issue runs here too).
+
+    python benchmarks/step_overhead.py --device cpu --hidden-size 128 --vocab-size 4096
+    python benchmarks/step_overhead.py --device cuda --json steps.json  # a GPU, 0.6B width
+
+`--hidden-size` and `--vocab-size` shrink the model further (heads of 64, MLP of 3 x
+hidden): on a CPU the 0.6B width's LM head (1024 x 151,936) alone is about 0.3 GFLOP per
+token, which at batch 256 dominates the step and hides the host overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from common import add_model_args, cpu_seconds, machine_busy_seconds, resolve_model, write_json
+
+PHASES = ["receive", "schedule", "prepare", "forward", "sample", "post", "other"]
+
+
+# ---------------------------------------------------------------------------- timers
+class PhaseTimer:
+    """Exclusive time per phase: a wrapped call's time less that of wrapped calls inside it."""
+
+    def __init__(self, sync: Callable[[], None] | None) -> None:
+        self.sync = sync or (lambda: None)
+        self.totals: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self._children: list[float] = []  # per open call: time of its wrapped children
+
+    def reset(self) -> None:
+        self.totals = dict.fromkeys(PHASES, 0.0)
+
+    def wrap(self, phase: str, fn: Callable) -> Callable:
+        def timed(*args, **kwargs):
+            self.sync()
+            self._children.append(0.0)
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.sync()
+                elapsed = time.perf_counter() - start
+                children = self._children.pop()
+                self.totals[phase] += elapsed - children
+                if self._children:
+                    self._children[-1] += elapsed
+
+        return timed
+
+    def wrap_as(self, phase: str) -> Callable[[Callable], Callable]:
+        return lambda fn: self.wrap(phase, fn)
+
+    def patch(self, obj: object, name: str, phase: str) -> None:
+        setattr(obj, name, self.wrap(phase, getattr(obj, name)))
+
+
+class _TimedGraph:
+    """A captured CUDA graph whose replay counts as the forward."""
+
+    def __init__(self, graph, timer: PhaseTimer) -> None:
+        self.replay = timer.wrap("forward", graph.replay)
+
+
+def instrument(scheduler, timer: PhaseTimer) -> None:
+    engine = scheduler.engine
+    # receive: the loop over process_msg is timed where measure() runs it
+    timer.patch(scheduler, "_schedule_next_batch", "schedule")
+    timer.patch(scheduler, "step", "post")  # its exclusive time: what follows the forward
+    timer.patch(engine, "forward", "sample")  # exclusive: sampling_reqs and tolist()
+    timer.patch(engine, "logits", "forward")  # exclusive: the model call and LM head
+    timer.patch(engine, "_forward_info", "prepare")
+    timer.patch(engine.attn_backend, "prepare", "prepare")
+    timer.patch(engine.sampler, "prepare", "prepare")
+    timer.patch(engine.sampler, "sample", "sample")
+    timer.patch(engine.sampler, "logprobs", "sample")
+    if engine.graph_runner is not None:
+        runner = engine.graph_runner
+        timer.patch(runner, "run", "prepare")  # exclusive: staging inputs into the buffers
+        timer.patch(runner, "_forward", "forward")  # batch sizes without a graph
+        runner.graphs = {bs: _TimedGraph(g, timer) for bs, g in runner.graphs.items()}
+
+
+# ---------------------------------------------------------------------------- model
+def tiny_config_dir(args: argparse.Namespace, out: Path) -> Path:
+    """A copy of the model's config.json with the layer count (and width) overridden."""
+    raw = json.loads((Path(args.model) / "config.json").read_text())
+    raw["num_hidden_layers"] = args.layers
+    if args.hidden_size:
+        heads = max(1, args.hidden_size // 64)
+        raw.update(
+            hidden_size=args.hidden_size,
+            intermediate_size=3 * args.hidden_size,
+            head_dim=64,
+            num_attention_heads=heads,
+            num_key_value_heads=max(1, heads // 2),
+        )
+    if args.vocab_size:
+        raw["vocab_size"] = args.vocab_size
+        for key in ("bos_token_id", "eos_token_id"):
+            if isinstance(raw.get(key), int) and raw[key] >= args.vocab_size:
+                raw[key] = args.vocab_size - 1
+    (out / "config.json").write_text(json.dumps(raw, indent=2))
+    return out
+
+
+# ---------------------------------------------------------------------------- one run
+def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, seed: int):
+    """Per timed step: {phase: seconds} plus "wall" and "batch" (sequences in the step)."""
+    from minisgl.core import SamplingParams
+    from minisgl.message import UserMsg
+
+    rng = random.Random(seed)
+    vocab = scheduler.engine.model_config.vocab_size
+    # the first token comes from the prefill; all B finish on the last timed step
+    params = SamplingParams(max_tokens=1 + args.warmup + args.steps, ignore_eos=True)
+    inbox = [
+        UserMsg.make(
+            seed * 100_000 + i, [rng.randrange(vocab) for _ in range(args.prompt_len)], params
+        )
+        for i in range(batch)
+    ]
+    sizes: list[int] = []
+
+    @timer.wrap_as("receive")
+    def receive(msgs: list) -> list:
+        replies = []
+        for msg in msgs:
+            replies += scheduler.process_msg(msg)
+        return replies
+
+    schedule = scheduler._schedule_next_batch
+
+    def counted():
+        b = schedule()
+        sizes.append(len(b.reqs) if b is not None else 0)
+        return b
+
+    scheduler._schedule_next_batch = counted
+    try:
+        while inbox or scheduler.prefill_manager.runnable:  # admit and prefill, untimed
+            for msg in inbox:
+                assert not scheduler.process_msg(msg), "a request was refused"
+            inbox = []
+            scheduler.step()
+        assert len(scheduler.decode_manager.running) == batch, "not all requests decode"
+        for _ in range(args.warmup):
+            scheduler.step()
+        steps = []
+        for _ in range(args.steps):
+            timer.reset()
+            sizes.clear()
+            start = time.perf_counter()
+            replies = receive(inbox)  # what run_forever received for this step: nothing
+            replies += scheduler.step()
+            timer.sync()
+            wall = time.perf_counter() - start
+            assert sizes == [batch] and len(replies) == batch, (sizes, len(replies))
+            rec = dict(timer.totals)
+            rec["other"] = wall - sum(rec[p] for p in PHASES if p != "other")
+            rec["wall"], rec["batch"] = wall, batch
+            steps.append(rec)
+    finally:
+        scheduler._schedule_next_batch = schedule
+    assert not scheduler.has_work and scheduler.table_manager.used == 0, "requests left over"
+    return steps
+
+
+def summarize(steps: list[dict]) -> dict:
+    """Mean seconds per step of each phase, wall and host (wall less forward)."""
+    n = len(steps)
+    mean = {k: sum(s[k] for s in steps) / n for k in [*PHASES, "wall"]}
+    mean["host"] = mean["wall"] - mean["forward"]
+    return mean
+
+
+def table(batch: int, mean: dict) -> str:
+    wall = mean["wall"]
+    lines = [f"batch {batch}:", "| phase | us/step | share |", "|---|---:|---:|"]
+    for k in [*PHASES, "wall", "host"]:
+        name = {"wall": "**step (wall)**", "host": "host (wall - forward)"}.get(k, k)
+        lines.append(f"| {name} | {mean[k] * 1e6:,.1f} | {100 * mean[k] / wall:.1f} % |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(p)
+    p.add_argument("--layers", type=int, default=2, help="num_hidden_layers override")
+    p.add_argument("--hidden-size", type=int, default=None, help="narrower model (heads of 64)")
+    p.add_argument("--vocab-size", type=int, default=None, help="smaller vocabulary")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    p.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
+    p.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="accepted, no effect: there is no overlap scheduler yet",
+    )
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--warmup", type=int, default=4, help="untimed decode steps")
+    p.add_argument("--steps", type=int, default=32, help="timed decode steps")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    if args.model is None and args.config is None:
+        args.config = "qwen3-0.6b"
+    resolve_model(p, args)
+
+    import torch
+
+    from minisgl.engine.config import EngineConfig
+    from minisgl.engine.engine import Engine
+    from minisgl.scheduler import Scheduler
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    max_seq_len = args.prompt_len + args.warmup + args.steps + 8
+    # every request's pages fit at once: no preemption (the CPU default sizes the pool
+    # from max_running_requests * max_seq_len, which page rounding can leave short)
+    num_pages = max(args.batch_sizes) * (-(-max_seq_len // 16) + 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        engine = Engine(
+            EngineConfig(
+                model=str(tiny_config_dir(args, Path(tmp))),
+                device=args.device,
+                dtype=args.dtype,
+                dummy_weights=True,
+                max_running_requests=max(args.batch_sizes),
+                max_seq_len=max_seq_len,
+                num_pages=num_pages,
+                page_size=16,
+                attention_backend=args.attention_backend,
+                cuda_graph=args.cuda_graph,
+            )
+        )
+    scheduler = Scheduler(engine)
+    cuda = engine.device.type == "cuda"
+    timer = PhaseTimer(torch.cuda.synchronize if cuda else None)
+    instrument(scheduler, timer)
+    c = engine.model_config
+    graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
+    print(
+        f"{args.model} with {c.num_layers} layers, hidden {c.hidden_size}, vocab "
+        f"{c.vocab_size}, random weights, on {engine.device} ({engine.dtype}, "
+        f"{type(engine.attn_backend).__name__}, CUDA graphs {'on' if graphs else 'off'}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads); prompt "
+        f"{args.prompt_len}, {args.warmup} warm-up + {args.steps} timed decode steps"
+    )
+    if args.disable_overlap_schedule:
+        print("note: --disable-overlap-schedule has no effect: there is no overlap scheduler")
+    results = []
+    for i, batch in enumerate(args.batch_sizes):
+        busy, own, t = machine_busy_seconds(), cpu_seconds(os.getpid()), time.perf_counter()
+        steps = measure(scheduler, timer, batch, args, seed=i + 1)
+        others = machine_busy_seconds() - busy - (cpu_seconds(os.getpid()) - own)
+        others /= time.perf_counter() - t  # cores other processes used meanwhile (nan: no /proc)
+        mean = summarize(steps)
+        print(f"\n{table(batch, mean)}\nothers' CPU meanwhile: {others:.2f} cores")
+        results.append({"batch": batch, "others_cores": others, "mean_s": mean, "steps": steps})
+    if args.json:
+        record = {
+            "args": vars(args),
+            "model": {"layers": c.num_layers, "hidden": c.hidden_size, "vocab": c.vocab_size},
+            "device": str(engine.device),
+            "dtype": str(engine.dtype),
+            "cuda_graphs": graphs,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "results": results,
+        }
+        write_json(args.json, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
