@@ -200,12 +200,12 @@ class FrontendManager:
         new_tokens = reply.completion_tokens - state.buffer.choices[reply.index].tokens
         if new_tokens <= 0:
             return
-        now = time.monotonic()
+        now, gap = time.monotonic(), None
         if state.last_token_at is None:
             self.metrics.on_first_token(now - state.created_at, reply.prompt_tokens)
-            self.metrics.on_tokens(new_tokens, gap=None)
         else:
-            self.metrics.on_tokens(new_tokens, gap=(now - state.last_token_at) / new_tokens)
+            gap = (now - state.last_token_at) / new_tokens
+        self.metrics.on_tokens(new_tokens, gap)
         state.last_token_at = now
 
     def _fail_slow_client(self, state: RequestState) -> None:

@@ -28,7 +28,7 @@ from starlette.responses import Response
 
 from minisgl.message import ErrorInfo, TokenInfo, TokenizeMsg
 
-from .errors import RequestFailed, json_response
+from .errors import RequestFailed, error_code, json_response
 from .formats import SSE_DONE, ChatFormat, CompletionFormat
 from .frontend import FrontendManager
 
@@ -101,10 +101,9 @@ class _CompletionResponse(Response):
         try:
             await self.serve(send)
         except RequestFailed as refused:  # before the request reached the backend
-            answer = self.job.fmt.error(refused.error)
             if self.frontend.metrics is not None:
-                self.frontend.metrics.on_rejected(answer.code or "refused")
-            await self.send_response(send, answer.response())
+                self.frontend.metrics.on_rejected(error_code(refused.error) or "refused")
+            await self.send_error(send, refused.error)
 
     async def send_error(self, send: Send, error: ErrorInfo) -> None:
         """An error known before the first byte: a JSON body with a real HTTP status."""

@@ -107,10 +107,8 @@ class RunningServer:
             time.sleep(0.05)
 
     def children(self) -> list[int]:
-        out = subprocess.run(
-            ["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True, check=False
-        )
-        return [int(p) for p in out.stdout.split()]
+        """Pids of the server's processes (its own process group)."""
+        return group_alive(self.proc.pid)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         if self.proc.poll() is None:
