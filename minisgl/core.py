@@ -9,11 +9,15 @@ Contract:
   managers.
 - `Batch` is one forward step: the sequences in it and how many new tokens each adds.
 
-A sequence advances like this (T = len(token_ids)):
+A sequence advances like this (T = seq_len, every token known so far):
     prefill chunk:  tokens [cached_len, cached_len + extend_len) run through the model
-    after the step: cached_len += extend_len; if cached_len == T the step produced a
-                    sampled token, appended to token_ids (T grows by one)
-    decode:         extend_len == 1, the one token not yet in the cache
+    at launch:      cached_len += extend_len; if cached_len == T the step samples a token,
+                    which is *pending* (num_pending = 1: on the device, not yet in
+                    token_ids) until the step's results are read; T counts it already
+    at results:     the token is appended to token_ids (num_pending back to 0)
+    decode:         extend_len == 1, the one token not yet in the cache (maybe pending:
+                    then the step reads it from the device, see engine/inputs.py)
+With overlap scheduling the next step is scheduled while a token is still pending.
 """
 
 from __future__ import annotations
@@ -119,8 +123,10 @@ class Req:
     table_idx: int = -1  # slot in the page table; -1 while it holds none
     cached_len: int = 0  # tokens whose K/V are in the cache
     extend_len: int = 0  # tokens this step feeds to the model (set by the managers)
+    num_pending: int = 0  # sampled tokens not yet in token_ids (0 or 1)
     pages: list[int] = field(default_factory=list)  # KV pages held, in order (maybe shared)
     finish_reason: FinishReason | None = None
+    ended: bool = False  # finished or aborted: a launched step's token for it is dropped
 
     @property
     def key(self) -> tuple[int, int]:
@@ -128,24 +134,27 @@ class Req:
 
     @property
     def seq_len(self) -> int:
-        return len(self.token_ids)
+        """Tokens so far, the pending one included."""
+        return len(self.token_ids) + self.num_pending
 
     @property
     def output_len(self) -> int:
-        return len(self.token_ids) - self.prompt_len
+        """Tokens sampled so far, the pending one included (the index of the next one)."""
+        return self.seq_len - self.prompt_len
 
     @property
     def output_ids(self) -> list[int]:
+        """The sampled tokens known on the host (not a pending one)."""
         return self.token_ids[self.prompt_len :]
 
     @property
     def uncached_len(self) -> int:
-        return len(self.token_ids) - self.cached_len
+        return self.seq_len - self.cached_len
 
     @property
     def samples_this_step(self) -> bool:
         """Whether this step's last token is the end of what is known, so a token is sampled."""
-        return self.cached_len + self.extend_len == len(self.token_ids)
+        return self.cached_len + self.extend_len == self.seq_len
 
     @cached_property
     def stop_token_set(self) -> frozenset[int]:
@@ -155,8 +164,10 @@ class Req:
         return eos | frozenset(params.stop_token_ids)
 
     def append_token(self, token: int) -> None:
-        """Record a sampled token and decide whether the sequence has finished."""
+        """Record a sampled token (pending until now, if it was) and decide whether the
+        sequence has finished."""
         self.token_ids.append(token)
+        self.num_pending = max(0, self.num_pending - 1)
         if self.output_len >= self.sampling_params.min_tokens and token in self.stop_token_set:
             self.finish_reason = "stop"
         elif len(self.token_ids) >= self.max_len:

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .base import AttentionBackend, ForwardInfo, create_attention_backend
+from .base import AttentionBackend, AttentionContext, ForwardInfo, create_attention_backend
 
-__all__ = ["AttentionBackend", "ForwardInfo", "create_attention_backend"]
+__all__ = ["AttentionBackend", "AttentionContext", "ForwardInfo", "create_attention_backend"]

@@ -5,8 +5,9 @@ token runs the split-KV decode kernel; any other step runs the varlen prefill ke
 all of its tokens (decode rows in a mixed step are prefill rows of length one). The K/V of
 the step are written by one store kernel before attention reads the cache.
 
-Decode metadata can also live in static buffers (`DecodeBuffers`), so a captured CUDA graph
-replays with new block tables and lengths copied in (engine/graph.py).
+The backend is capturable: a decode step's metadata is the step's fixed input buffers
+(write slots, block table, lengths) plus split-KV scratch allocated once by
+`init_capture`, so a CUDA graph replays with whatever the input builder last wrote there.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class PrefillMeta:
 
 
 class TritonBackend(AttentionBackend):
-    graphable = True  # decode metadata can live in static buffers (engine/graph.py)
+    capturable = True  # decode metadata can live in fixed buffers (engine/graph.py)
 
     def __init__(self, pool, num_heads: int, head_dim: int) -> None:
         super().__init__(pool, num_heads, head_dim)
@@ -64,6 +65,7 @@ class TritonBackend(AttentionBackend):
             else 8
         )
         self.max_seq_len = pool.num_pages * pool.page_size
+        self._graph_scratch: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def num_splits(self, batch_size: int) -> int:
         return num_splits_for(batch_size, self.pool.k.shape[2], self.max_seq_len, self.num_sms)
@@ -82,6 +84,18 @@ class TritonBackend(AttentionBackend):
             batch_size, self.num_heads, num_splits, dtype=torch.float32, device=device
         )
         return part_out, part_lse
+
+    def init_capture(self, max_batch_size: int) -> None:
+        self._graph_scratch = self.scratch(max_batch_size, MAX_SPLITS)
+
+    def prepare_for_capture(self, info: ForwardInfo) -> DecodeMeta:
+        assert self._graph_scratch is not None, "init_capture first"
+        B = len(info.extend_lens_cpu)
+        part_out, part_lse = self._graph_scratch
+        return DecodeMeta(
+            info.out_slots, info.block_table, info.seq_lens, self.num_splits(B),
+            part_out[:B], part_lse[:B],
+        )  # fmt: skip
 
     def prepare(self, info: ForwardInfo) -> DecodeMeta | PrefillMeta:
         device = info.out_slots.device

@@ -1,10 +1,16 @@
 """Engine: the model, its KV cache and one forward step.
 
 Contract: the engine knows nothing about uids, messages or tokenization. It owns device
-memory: the weights, the KV page pool and the page table (one row of page ids per request
-slot, kept on the host and copied per step). `forward(batch)` runs one step for requests
-whose pages and slots the scheduler has already set up, and returns the sampled token of
-every request that samples this step, in batch order.
+memory: the weights, the KV page pool and, through its input builder (inputs.py), the page
+table (one row of page ids per request slot, on the device; the scheduler's cache manager
+writes the rows that change). `launch(batch)` starts one step for requests whose pages and
+slots the scheduler has already set up and returns at once with a `StepHandle`; on a GPU
+the step runs while the host goes on (overlap scheduling). `handle.result()` waits for it
+and returns the sampled token of every request that samples this step, in batch order.
+`forward(batch)` is the two together.
+
+No host sync inside a step: the sampled tokens stay on the device for the next step (see
+inputs.py) and travel to the host in one non-blocking copy that `result()` waits for.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from minisgl.attention import ForwardInfo, create_attention_backend
+from minisgl.attention import AttentionContext, create_attention_backend
 from minisgl.core import Batch
 from minisgl.kvcache import KVCachePool
 from minisgl.message import TokenLogprob
@@ -26,6 +32,8 @@ from minisgl.models.weight import init_dummy_weights, iter_checkpoint
 from minisgl.utils.process import available_ram
 
 from .config import EngineConfig
+from .graph import BUCKETS, DecodeGraphRunner
+from .inputs import StepInputBuilder, StepInputs
 from .sample import Sampler
 
 logger = logging.getLogger(__name__)
@@ -58,12 +66,6 @@ class Engine:
             self.num_pages * self.page_size,
         )
         self.max_pages_per_req = -(-self.max_seq_len // self.page_size)
-        # host page table; the extra last row is the dummy slot padding rows point at
-        self.page_table = torch.full(
-            (config.max_running_requests + 1, self.max_pages_per_req),
-            self.pool.scratch_page,
-            dtype=torch.int32,
-        )
         self.attn_backend = create_attention_backend(
             config.attention_backend,
             self.pool,
@@ -71,14 +73,28 @@ class Engine:
             self.model_config.head_dim,
             self.device,
         )
+        graph_bs = 0
+        if self.attn_backend.capturable:
+            graph_bs = min(config.max_running_requests, BUCKETS[-1])
+        self.inputs = StepInputBuilder(
+            config.max_running_requests,
+            self.max_pages_per_req,
+            self.page_size,
+            self.pool.scratch_page,
+            self.device,
+            max_graph_bs=graph_bs,
+        )
         self.sampler = Sampler(self.model_config.vocab_size, self.device)
-        self.graph_runner = None
-        if self.attn_backend.graphable:
-            from .graph import BUCKETS, DecodeGraphRunner
-
+        self.graph_runner: DecodeGraphRunner | None = None
+        if self.inputs.decode_buffers is not None:
             capture = self.device.type == "cuda" and config.cuda_graph
-            max_bs = min(config.max_running_requests, BUCKETS[-1])
-            self.graph_runner = DecodeGraphRunner(self, max_bs, capture)
+            self.graph_runner = DecodeGraphRunner(
+                self.model,
+                self.attn_backend,
+                self.inputs.decode_buffers,
+                self.model_config.vocab_size,
+                capture,
+            )
         logger.info(
             "engine ready: %s on %s (%s), %d KV pages of %d tokens, max_seq_len %d",
             self.model_dir.name,
@@ -120,61 +136,57 @@ class Engine:
             raise RuntimeError("not enough free memory for a single KV page")
         return pages
 
+    @property
+    def page_table(self) -> torch.Tensor:
+        """(slots + 1, max_pages) int32 on the device; the last row is the dummy slot's."""
+        return self.inputs.page_table
+
     # ------------------------------------------------------------------ step
-    def _forward_info(self, batch: Batch) -> tuple[torch.Tensor, ForwardInfo, torch.Tensor]:
-        reqs, ps, dev = batch.reqs, self.page_size, self.device
-        extend = [r.extend_len for r in reqs]
-        cached = [r.cached_len for r in reqs]
-        ids: list[int] = []
-        for r in reqs:
-            ids += r.token_ids[r.cached_len : r.cached_len + r.extend_len]
-
-        n = torch.tensor(extend)
-        c = torch.tensor(cached)
-        slots = torch.tensor([r.table_idx for r in reqs])
-        B, T = len(reqs), len(ids)
-        req_of_tok = torch.repeat_interleave(torch.arange(B), n)  # (T,)
-        first_tok = torch.cumsum(n, 0) - n  # (B,)
-        positions = c[req_of_tok] + torch.arange(T) - first_tok[req_of_tok]
-        pages = self.page_table[slots[req_of_tok], positions // ps].long()
-        out_slots = pages * ps + positions % ps
-        seq_lens = c + n
-        P = int(-(-int(seq_lens.max()) // ps))
-        last_tok = (first_tok + n - 1)[[r.samples_this_step for r in reqs]]
-
-        info = ForwardInfo(
-            positions=positions.to(dev, non_blocking=True),
-            out_slots=out_slots.to(dev, non_blocking=True),
-            block_table=self.page_table[slots, :P].to(dev, non_blocking=True),
-            seq_lens=seq_lens.to(torch.int32).to(dev, non_blocking=True),
-            extend_lens_cpu=extend,
-            cached_lens_cpu=cached,
-        )
-        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev, non_blocking=True)
-        return input_ids, info, last_tok.to(dev, non_blocking=True)
+    def _run_model(self, batch: Batch) -> tuple[StepInputs, torch.Tensor]:
+        """Build the step's inputs and run the model: (inputs, (S, vocab) float32 logits of
+        the requests that sample)."""
+        runner = self.graph_runner
+        if runner is not None and runner.can_run(batch):
+            inputs = self.inputs.build(batch.reqs, pad_to=runner.bucket(len(batch.reqs)))
+            return inputs, runner.run(inputs)
+        inputs = self.inputs.build(batch.reqs)
+        ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
+        hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
+        if inputs.sample_rows is not None:  # the last token of each request that samples
+            hidden = hidden[inputs.sample_rows]
+        return inputs, self.model.logits(hidden)
 
     @torch.inference_mode()
     def logits(self, batch: Batch) -> torch.Tensor:
         """Run the step; (B_s, vocab) float32 logits of the requests that sample."""
-        if self.graph_runner is not None and self.graph_runner.can_run(batch):
-            return self.graph_runner.run(batch)
-        input_ids, info, last_tok = self._forward_info(batch)
-        meta = self.attn_backend.prepare(info)
-        ctx = _StepContext(self.attn_backend, meta)
-        hidden = self.model(input_ids, info.positions, ctx)  # (T, hidden)
-        return self.model.logits(hidden[last_tok])
+        return self._run_model(batch)[1]
 
+    # --8<-- [start:launch]
     @torch.inference_mode()
-    def forward(self, batch: Batch) -> StepOutput:
-        """Run the step; the sampled token (and logprobs where asked) of each sequence that
-        samples, in batch order."""
-        logits = self.logits(batch)
+    def launch(self, batch: Batch) -> StepHandle:
+        """Start the step; its sampled tokens are read with `.result()`."""
+        inputs, logits = self._run_model(batch)
         sampling = batch.sampling_reqs
         if not sampling:
-            return StepOutput([], None)
+            return StepHandle(None, None, None)
         args = self.sampler.prepare(sampling)
         tokens = self.sampler.sample(logits, args)
-        return StepOutput(tokens.tolist(), self.sampler.logprobs(logits, tokens, args))
+        self.inputs.record_sampled(inputs, tokens)  # the next step may read them here
+        logprobs = self.sampler.logprobs(logits, tokens, args)
+        if self.device.type != "cuda":
+            return StepHandle(tokens, None, logprobs)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return StepHandle(host, done, logprobs)
+
+    # --8<-- [end:launch]
+
+    def forward(self, batch: Batch) -> StepOutput:
+        """Run the step and wait for it: the sampled token (and logprobs where asked) of
+        each sequence that samples, in batch order."""
+        return self.launch(batch).result()
 
 
 @dataclass
@@ -183,13 +195,17 @@ class StepOutput:
     logprobs: list[TokenLogprob | None] | None  # None when no sequence asked for them
 
 
-class _StepContext:
-    """What the model's layers call for attention during one step."""
+class StepHandle:
+    """A launched step. Its tokens are copied to `tokens` (host memory) when `done` fires."""
 
-    __slots__ = ("backend", "meta")
+    __slots__ = ("tokens", "done", "logprobs")
 
-    def __init__(self, backend, meta) -> None:
-        self.backend, self.meta = backend, meta
+    def __init__(self, tokens: torch.Tensor | None, done, logprobs) -> None:
+        self.tokens, self.done, self.logprobs = tokens, done, logprobs
 
-    def attention(self, layer_id, q, k, v):
-        return self.backend.attention(layer_id, q, k, v, self.meta)
+    def result(self) -> StepOutput:
+        if self.tokens is None:
+            return StepOutput([], None)
+        if self.done is not None:
+            self.done.synchronize()
+        return StepOutput(self.tokens.tolist(), self.logprobs)

@@ -21,6 +21,10 @@ class SchedulerConfig:
     # chunks. 8192 takes a typical prompt in one step while bounding a step's activations
     # and how long running decodes wait behind a prefill
     max_prefill_tokens: int = 8192
+    # schedule step N+1 (and read step N's tokens) while the device runs step N. None:
+    # on where the engine runs on CUDA; on a CPU a step runs while it is launched, so
+    # overlap would only hold every token back by one step
+    overlap_schedule: bool | None = None
 
 
 Options = dict[str, Any]

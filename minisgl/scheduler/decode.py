@@ -1,7 +1,7 @@
 """DecodeManager: requests whose prompt is cached and that produce one token per step.
 
 Contract: `running` holds them in admission order. `schedule_next(cache, evict)` gives each
-a page for its next token; when the pool runs dry it preempts the most recently admitted
+a page for its next token (except one whose pending token is its last, see scheduler.py); when the pool runs dry it preempts the most recently admitted
 requests (`evict` frees a victim's pages and slot; the victim is recomputed later) and returns
 them. `abort_req(uid)` removes and returns a running request.
 """
@@ -41,7 +41,8 @@ class DecodeManager:
         self, cache: CacheManager, evict: Callable[[Req], None]
     ) -> tuple[list[Req], list[Req]]:
         """Return (requests decoding this step, requests preempted to make room)."""
-        reqs = list(self.running.values())
+        # a sequence whose pending token is its last (by length) has nothing left to run
+        reqs = [r for r in self.running.values() if r.seq_len < r.max_len]
         needed = sum(cache.pages_needed(r, r.cached_len + 1) for r in reqs)
         preempted: list[Req] = []
         while needed > cache.available and len(reqs) > 1:

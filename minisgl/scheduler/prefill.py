@@ -5,7 +5,8 @@ prompt is being prefilled chunk by chunk, and preempted or freshly forked ones (
 the front).
 `schedule_next(budget, ...)` picks, in order, as many as fit under the token budget, the free
 table slots and the free pages, and sets each one's `extend_len`; a request that is only
-partly prefilled stays at the front. `abort_req(uid)` removes a request wherever it is in the
+partly prefilled stays at the front; one preempted while its last sampled token was still
+on the device (overlap scheduling) waits until that token is known. `abort_req(uid)` removes a request wherever it is in the
 queue and returns it (all its choices), so the caller can free the slots and pages a
 partial prefill holds.
 """
@@ -40,6 +41,10 @@ class PrefillManager:
         for req in reversed(list(reqs)):
             self.pending.appendleft(req)
 
+    def remove_req(self, req: Req) -> None:
+        if req in self.pending:
+            self.pending.remove(req)
+
     def abort_req(self, uid: int, index: int | None = None) -> list[Req]:
         """Remove the request's sequences (one choice, or all when index is None)."""
         found = [r for r in self.pending if r.uid == uid and index in (None, r.index)]
@@ -56,6 +61,8 @@ class PrefillManager:
         for req in self.pending:
             if budget <= 0:
                 break
+            if req.num_pending:
+                continue  # preempted while its last token was on the device: wait for it
             if req.table_idx < 0 and table.available == 0:
                 break
             # room in the request's last page plus whole free pages it may take

@@ -11,7 +11,18 @@ Contract (the message-shaped interface the server drives):
   as the token budget (`SchedulerConfig.max_prefill_tokens`) allows, and returns one
   `DetokenizeMsg` per sequence that produced a token; the last one of a sequence carries
   its finish_reason, and its resources are already free when it is returned.
-- `run_forever(io)` is the process loop: receive, step, send.
+- `advance()` is what the loop calls instead: with overlap scheduling it launches the next
+  step and then returns the replies of the step launched before it, so the host schedules
+  step N+1 and reads step N's tokens while the device runs step N+1; without overlap it is
+  `step()`. Both are `launch_step()` followed, now or one call later, by `finish_step()`.
+- `run_forever(io)` is the process loop: receive, advance, send.
+
+Under overlap a sequence's latest token is *pending* (on the device) while the next step is
+scheduled: it decodes from the device copy, and whether that token ended the sequence is
+known one step late. So a sequence that ends (finish, abort, error) while a launched step
+still holds it is freed at once, exactly once (`_end`); the launched step's work for it is
+wasted and its token is dropped when that step's results are read (`ended`). A sequence
+whose length alone ends it is not scheduled past its last token.
 
 Each sequence (one choice of a request; n choices share the prompt's pages) lives in
 exactly one of the prefill manager (waiting or partly prefilled) and the decode manager
@@ -25,7 +36,7 @@ import random
 from typing import Protocol
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.engine.engine import Engine
+from minisgl.engine.engine import Engine, StepHandle
 from minisgl.message import (
     AbortBackendMsg,
     BackendErrorMsg,
@@ -72,11 +83,18 @@ class Scheduler:
         self.eos_token_ids = engine.model_config.eos_token_ids
         self._seeds = random.SystemRandom()
         self.num_preemptions = 0  # requests evicted for recompute since start
+        overlap = self.config.overlap_schedule
+        self.overlap = engine.device.type == "cuda" if overlap is None else overlap
+        self._in_flight: _Launched | None = None  # launched, results not read yet
 
     # ------------------------------------------------------------------ messages
     @property
     def has_work(self) -> bool:
-        return self.prefill_manager.runnable or self.decode_manager.runnable
+        return (
+            self._in_flight is not None
+            or self.prefill_manager.runnable
+            or self.decode_manager.runnable
+        )
 
     def state(self) -> dict[str, int]:
         return {
@@ -182,6 +200,7 @@ class Scheduler:
         reqs += self.decode_manager.abort_req(uid, index)
         for req in reqs:
             req.forks_left = 0  # an aborted first choice forks no others
+            req.ended = True  # a token a launched step still makes for it is dropped
             self._free_req_resources(req)
         return reqs
 
@@ -199,27 +218,64 @@ class Scheduler:
     # ------------------------------------------------------------------ one step
     # --8<-- [start:step]
     def step(self) -> list[TokenizerMsg]:
+        """One step, launched and read back (replies of a step still in flight first)."""
+        replies = self._take_in_flight()
+        launched = self.launch_step()
+        return replies + (self.finish_step(launched) if launched else [])
+
+    def advance(self) -> list[TokenizerMsg]:
+        """With overlap: launch the next step, then read the previous one. Else `step()`."""
+        if not self.overlap:
+            return self.step()
+        launched = self.launch_step()
+        replies = self._take_in_flight()
+        self._in_flight = launched
+        return replies
+
+    def _take_in_flight(self) -> list[TokenizerMsg]:
+        launched, self._in_flight = self._in_flight, None
+        return self.finish_step(launched) if launched else []
+
+    def launch_step(self) -> _Launched | None:
+        """Schedule a batch and launch it; the sequences' host state moves on at once."""
         batch = self._schedule_next_batch()
         if batch is None:
-            return []
+            return None
         sampling = batch.sampling_reqs  # decided before cached_len moves
-        out = self.engine.forward(batch)
+        handle = self.engine.launch(batch)
         for req in batch.reqs:
             req.cached_len += req.extend_len
             req.extend_len = 0
-        replies: list[TokenizerMsg] = []
-        for i, (req, token) in enumerate(zip(sampling, out.tokens, strict=True)):
-            if req.forks_left:  # its prompt is cached now: the other choices start
+        for req in sampling:
+            req.num_pending += 1  # its token is on the device until finish_step
+            if req.forks_left:  # its prompt is cached (once the step ran): the others start
                 self._fork(req)
+            if req.key not in self.decode_manager.running:
+                self.decode_manager.add_req(req)  # its prompt is now cached: it decodes
+        return _Launched(sampling, handle)
+
+    def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
+        """Read a launched step's tokens: one reply per sequence that had not ended."""
+        out = launched.handle.result()
+        replies: list[TokenizerMsg] = []
+        for i, (req, token) in enumerate(zip(launched.sampling, out.tokens, strict=True)):
+            if req.ended:
+                continue  # aborted or finished after this step was launched
             req.append_token(token)
             logprob = out.logprobs[i] if out.logprobs is not None else None
             replies.append(DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob))
             if req.finish_reason is not None:
-                self.decode_manager.remove_req(req)
-                self._free_req_resources(req)
-            elif req.key not in self.decode_manager.running:
-                self.decode_manager.add_req(req)  # its prompt is now cached: it decodes
+                self._end(req)
         return replies
+
+    def _end(self, req: Req) -> None:
+        """A finished sequence leaves whichever manager holds it and frees what it holds."""
+        req.ended = True
+        if req.key in self.decode_manager.running:
+            self.decode_manager.remove_req(req)
+        else:  # preempted while its last token was pending
+            self.prefill_manager.remove_req(req)
+        self._free_req_resources(req)
 
     def _schedule_next_batch(self) -> Batch | None:
         self._make_room_for_decode()
@@ -237,6 +293,7 @@ class Scheduler:
             keep_free=len(decode),
         )
         reqs = decode + prefill
+        self.cache_manager.flush()  # the page table rows of this step, on the device
         return Batch(reqs) if reqs else None
 
     # --8<-- [end:step]
@@ -246,7 +303,9 @@ class Scheduler:
         cannot all grow by one token, those give their pages back first."""
         cache = self.cache_manager
         needed = sum(
-            cache.pages_needed(r, r.cached_len + 1) for r in self.decode_manager.running.values()
+            cache.pages_needed(r, r.cached_len + 1)
+            for r in self.decode_manager.running.values()
+            if r.seq_len < r.max_len
         )
         for req in reversed(self.prefill_manager.pending):
             if needed <= cache.available:
@@ -264,6 +323,15 @@ class Scheduler:
                         io.send(replies)
                     return
                 replies += self.process_msg(msg)
-            replies += self.step()
+            replies += self.advance()
             if replies:
                 io.send(replies)
+
+
+class _Launched:
+    """A step launched on the device: who samples in it and the handle of its tokens."""
+
+    __slots__ = ("sampling", "handle")
+
+    def __init__(self, sampling: list[Req], handle: StepHandle) -> None:
+        self.sampling, self.handle = sampling, handle

@@ -118,6 +118,7 @@ def _engine_prefill_logits(engine, prompt: list[int]) -> torch.Tensor:
     req = Req(0, list(prompt), len(prompt), len(prompt) + 1, SamplingParams(), seed=0)
     req.table_idx = 0
     cache.grow(req, len(prompt))
+    cache.flush()
     req.extend_len = len(prompt)
     return engine.logits(Batch([req]))[0]
 

@@ -1,0 +1,209 @@
+"""StepInputBuilder: the one producer of a forward step's inputs, for eager steps and graphs.
+
+Contract: `build(reqs, pad_to=None)` turns the requests of a step (each with its
+`table_idx`, `cached_len`, `extend_len`) into `StepInputs` on the device: token ids,
+positions, the cache slot each token's K/V goes to, each request's row of page ids and its
+sequence length, and which rows sample. With `pad_to=bs` (decode steps only) the inputs
+land in fixed buffers of `bs` rows that a captured CUDA graph reads (`decode_buffers`), the
+rows past the real ones padded as dummy requests.
+
+How it stays cheap on the host:
+- The builder owns the device page table (one row of page ids per request slot, plus a
+  last row of scratch pages that dummy rows point at). The cache manager writes the rows
+  of requests whose pages changed; a step only reads it, on the device.
+- Per step the host writes a few small integer arrays (ids, positions, slots) into one
+  staging buffer, pinned on CUDA, and copies it to the device once, `non_blocking`. Two
+  staging buffers alternate, so the host fills one while the device may still be copying
+  from the other (with overlap scheduling the host runs a step ahead). Everything else
+  (write slots, sequence lengths, page rows) is derived on the device.
+- A token sampled by the previous step may not have reached the host yet (its request has
+  `num_pending`): its id is written as -1 and read on the device from `last_tokens`, where
+  every step leaves the tokens it sampled, by request slot (`record_sampled`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from minisgl.attention import ForwardInfo
+from minisgl.core import Req
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # (T,) int64
+    info: ForwardInfo
+    sample_rows: torch.Tensor | None  # (S,) rows of the hidden states that sample; None:
+    # the first num_reqs rows (every request samples)
+    sample_slots: torch.Tensor  # (S,) request slot of each sampling row (for last_tokens)
+    num_reqs: int  # real requests (rows past them are padding)
+
+
+@dataclass
+class DecodeBuffers:
+    """Fixed device buffers of `max_bs` decode rows: a CUDA graph captured over their first
+    `bs` rows reads whatever the builder last wrote there."""
+
+    input_ids: torch.Tensor  # (max_bs,) int64
+    positions: torch.Tensor  # (max_bs,) int64
+    out_slots: torch.Tensor  # (max_bs,) int64
+    seq_lens: torch.Tensor  # (max_bs,) int32
+    block_table: torch.Tensor  # (max_bs, max_pages) int32
+
+    def info(self, bs: int) -> ForwardInfo:
+        """The layout of a `bs`-row decode step over these buffers."""
+        return ForwardInfo(
+            positions=self.positions[:bs],
+            out_slots=self.out_slots[:bs],
+            block_table=self.block_table[:bs],
+            seq_lens=self.seq_lens[:bs],
+            extend_lens_cpu=[1] * bs,
+            cached_lens_cpu=[0] * bs,  # not read by a capturable backend's decode
+        )
+
+
+class StepInputBuilder:
+    def __init__(
+        self,
+        max_reqs: int,
+        max_pages_per_req: int,
+        page_size: int,
+        scratch_page: int,
+        device: torch.device,
+        max_graph_bs: int = 0,
+    ) -> None:
+        self.page_size = page_size
+        self.device = device
+        self.dummy_slot = max_reqs  # the page table's last row: scratch pages only
+        # --8<-- [start:page_table]
+        self.page_table = torch.full(
+            (max_reqs + 1, max_pages_per_req), scratch_page, dtype=torch.int32, device=device
+        )
+        self.last_tokens = torch.zeros(max_reqs + 1, dtype=torch.int64, device=device)
+        # --8<-- [end:page_table]
+        self._pin = device.type == "cuda"
+        self._host: list[torch.Tensor] = []
+        self._host_np: list[np.ndarray] = []
+        self._copied: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
+        self._stage = torch.empty(0, dtype=torch.int64, device=device)
+        self._reserve(4 * max(max_reqs, 64))
+        self.decode_buffers: DecodeBuffers | None = None
+        if max_graph_bs:
+            self.decode_buffers = DecodeBuffers(
+                input_ids=torch.zeros(max_graph_bs, dtype=torch.int64, device=device),
+                positions=torch.zeros(max_graph_bs, dtype=torch.int64, device=device),
+                out_slots=torch.zeros(max_graph_bs, dtype=torch.int64, device=device),
+                seq_lens=torch.ones(max_graph_bs, dtype=torch.int32, device=device),
+                block_table=torch.full(
+                    (max_graph_bs, max_pages_per_req),
+                    scratch_page,
+                    dtype=torch.int32,
+                    device=device,
+                ),
+            )
+
+    def _reserve(self, size: int) -> None:
+        """Staging buffers of at least `size` int64 values (grown by doubling, rarely)."""
+        if self._stage.numel() >= size:
+            return
+        size = max(size, 2 * self._stage.numel())
+        self._host = [torch.empty(size, dtype=torch.int64, pin_memory=self._pin) for _ in "ab"]
+        self._host_np = [h.numpy() for h in self._host]
+        self._stage = torch.empty(size, dtype=torch.int64, device=self.device)
+        self._copied = [None, None]
+
+    # --8<-- [start:build]
+    def build(self, reqs: list[Req], pad_to: int | None = None) -> StepInputs:
+        B = len(reqs)
+        rows = pad_to or B  # padding rows are dummy decodes: token 0 at position 0
+        ext = np.fromiter((r.extend_len for r in reqs), np.int64, B)
+        cached = np.fromiter((r.cached_len for r in reqs), np.int64, B)
+        is_decode = bool((ext == 1).all())
+        assert pad_to is None or (is_decode and pad_to >= B), "only decode steps are padded"
+        T = rows if is_decode else int(ext.sum())
+        sampling = [i for i, r in enumerate(reqs) if r.samples_this_step]
+        # S = 0: every row is a request that samples (a decode step)
+        S = 0 if is_decode and len(sampling) == B else len(sampling)
+
+        # host: [ids T | positions T | slots rows | seq_lens rows | sample rows S | their
+        # requests S | token's request T (prefill steps)], one staging buffer
+        sizes = [T, T, rows, rows, S, S, 0 if is_decode else T]
+        self._reserve(sum(sizes))
+        turn, self._turn = self._turn, self._turn ^ 1
+        if (event := self._copied[turn]) is not None:
+            event.synchronize()  # the device has read this buffer's previous contents
+        h = self._host_np[turn]
+        ids, pos, slots, seq, s_rows, s_reqs, tok_req = np.split(h, np.cumsum(sizes))[:7]
+        slots[:B] = [r.table_idx for r in reqs]
+        slots[B:] = self.dummy_slot
+        seq[:B] = cached + ext
+        seq[B:] = 1
+        pending = False
+        if is_decode:
+            for i, r in enumerate(reqs):
+                pending |= r.num_pending > 0
+                ids[i] = -1 if r.num_pending else r.token_ids[r.cached_len]
+            ids[B:] = 0
+            pos[:B] = cached
+            pos[B:] = 0
+        else:
+            starts = np.cumsum(ext) - ext
+            for r, k, off in zip(reqs, ext.tolist(), starts.tolist()):
+                if r.num_pending:  # only a decode row can wait for its token
+                    ids[off], pending = -1, True
+                else:
+                    ids[off : off + k] = r.token_ids[r.cached_len : r.cached_len + k]
+            tok_req[:] = np.repeat(np.arange(B), ext)
+            pos[:] = np.arange(T) + (cached - starts)[tok_req]
+        if S:
+            s_reqs[:] = sampling
+            s_rows[:] = (np.cumsum(ext) - 1)[sampling]
+
+        # one copy to the device; everything else is derived there
+        n = sum(sizes)
+        dev = self._stage[:n]
+        dev.copy_(self._host[turn][:n], non_blocking=True)
+        if self._pin:
+            self._copied[turn] = torch.cuda.Event()
+            self._copied[turn].record()
+        input_ids, positions, req_slots, seq_lens, sample_rows, sample_reqs, tok_req_d = (
+            torch.split(dev, sizes)
+        )
+        tok_slots = req_slots if is_decode else req_slots[tok_req_d]
+        if pending:
+            input_ids = torch.where(input_ids < 0, self.last_tokens[tok_slots], input_ids)
+        ps = self.page_size
+        out_slots = self.page_table[tok_slots, positions // ps].long() * ps + positions % ps
+        seq_lens = seq_lens.to(torch.int32)
+        sample_slots = req_slots[sample_reqs] if S else req_slots[:B]
+
+        if pad_to is not None:  # into the fixed buffers a captured graph reads
+            buf = self.decode_buffers
+            assert buf is not None, "this builder has no decode buffers"
+            buf.input_ids[:rows].copy_(input_ids)
+            buf.positions[:rows].copy_(positions)
+            buf.out_slots[:rows].copy_(out_slots)
+            buf.seq_lens[:rows].copy_(seq_lens)
+            torch.index_select(self.page_table, 0, req_slots, out=buf.block_table[:rows])
+            info, input_ids = buf.info(rows), buf.input_ids[:rows]
+        else:
+            P = -(-int(seq[:B].max()) // ps) if B else 0
+            info = ForwardInfo(
+                positions=positions,
+                out_slots=out_slots,
+                block_table=self.page_table[req_slots, :P],
+                seq_lens=seq_lens,
+                extend_lens_cpu=ext.tolist(),
+                cached_lens_cpu=cached.tolist(),
+            )
+        return StepInputs(input_ids, info, sample_rows if S else None, sample_slots, B)
+
+    # --8<-- [end:build]
+
+    def record_sampled(self, inputs: StepInputs, tokens: torch.Tensor) -> None:
+        """Leave the step's sampled tokens where the next step's pending rows read them."""
+        self.last_tokens.index_copy_(0, inputs.sample_slots, tokens)
