@@ -125,7 +125,7 @@ class LLM:
                 for reply in self.scheduler.process_msg(UserMsg.make(uid, ids, params)):
                     yield from self._apply([reply], live, detok)
             while live:
-                yield from self._apply(self.scheduler.step(), live, detok)
+                yield from self._apply(self.scheduler.advance(), live, detok)
         finally:
             for uid in live:  # the consumer left early: nothing stays in the scheduler
                 self.scheduler.abort_req(uid)

@@ -84,7 +84,9 @@ class Engine:
             self.device,
             max_graph_bs=graph_bs,
         )
-        self.sampler = Sampler(self.model_config.vocab_size, self.device)
+        self.sampler = Sampler(
+            self.model_config.vocab_size, self.device, config.max_running_requests
+        )
         self.graph_runner: DecodeGraphRunner | None = None
         if self.inputs.decode_buffers is not None:
             capture = self.device.type == "cuda" and config.cuda_graph

@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run decode steps eagerly instead of replaying CUDA graphs",
     )
     p.add_argument(
+        "--disable-overlap-schedule",
+        dest="overlap_schedule",
+        action="store_false",
+        default=s.overlap_schedule,
+        help="read each step's tokens before scheduling the next (overlap is on with CUDA)",
+    )
+    p.add_argument(
         "--api-key",
         default=os.environ.get("MINISGL_API_KEY"),
         help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINISGL_API_KEY)",

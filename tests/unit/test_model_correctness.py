@@ -2,7 +2,9 @@
 
 Three ways to run the same prompts, all of which must give transformers' tokens:
 one request at a time, eight mixed-length requests batched together (continuous batching
-mixes their prefills and decodes), and with chunked prefill forced on by a small budget.
+mixes their prefills and decodes), and with chunked prefill forced on by a small budget;
+the last two also with overlap scheduling, where each step is scheduled before the tokens
+of the one before it are read (decode inputs come from the device) and under preemption.
 """
 
 from __future__ import annotations
@@ -65,21 +67,33 @@ def test_eight_mixed_length_requests_batched_match_transformers(
     assert [o.token_ids for o in outs] == references[arch]
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_chunked_prefill_matches_transformers(arch, tiny_dirs, references) -> None:
+def test_chunked_prefill_matches_transformers(arch, overlap, tiny_dirs, references) -> None:
     # a budget of 7 tokens per step splits every prompt longer than 7 into chunks, and
     # chunks of one prompt share steps with other requests' decodes
-    llm = LLM(str(tiny_dirs[arch]), device="cpu", page_size=4, max_prefill_tokens=7)
+    llm = LLM(
+        str(tiny_dirs[arch]),
+        device="cpu",
+        page_size=4,
+        max_prefill_tokens=7,
+        overlap_schedule=overlap,
+    )
     outs = llm.generate(PROMPTS, _greedy())
     assert [o.token_ids for o in outs] == references[arch]
     assert llm.scheduler.state()["kv_pages_used"] == 0
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_preemption_under_a_small_kv_pool_still_matches(arch, tiny_dirs, references) -> None:
+def test_preemption_under_a_small_kv_pool_still_matches(
+    arch, overlap, tiny_dirs, references
+) -> None:
     # 40 pages of 4 tokens cannot hold all 8 sequences at once: the newest are preempted
     # and recomputed, and every request must still produce transformers' tokens
-    llm = LLM(str(tiny_dirs[arch]), device="cpu", page_size=4, num_pages=40)
+    llm = LLM(
+        str(tiny_dirs[arch]), device="cpu", page_size=4, num_pages=40, overlap_schedule=overlap
+    )
     outs = llm.generate(PROMPTS, _greedy())
     assert [o.token_ids for o in outs] == references[arch]
     assert llm.scheduler.num_preemptions > 0
