@@ -9,31 +9,33 @@ loop as `Scheduler.run_forever` runs it (receive, then `step()`), driven here in
 
 - receive: the loop over `process_msg` for the messages that arrived for the step (none
   while decoding, so ~0, but measured);
-- schedule: `Scheduler._schedule_next_batch`;
-- prepare: building the step's inputs: `Engine._forward_info` (or, with CUDA graphs, the
-  input staging of `DecodeGraphRunner.run`), the attention backend's `prepare` and
+- schedule: `Scheduler._schedule_next_batch` (with the cache manager's page-table flush);
+- prepare: building the step's inputs (`StepInputBuilder.build`), the attention backend's
+  `prepare` (or, replaying a CUDA graph, `DecodeGraphRunner.run` less the replay) and
   `Sampler.prepare`;
-- forward: the model call and the LM head (`Engine.logits` less the above; with CUDA
+- forward: the model call and the LM head (`Engine._run_model` less the above; with CUDA
   graphs, the graph replay);
-- sample: `Sampler.sample`, `Sampler.logprobs` and the rest of `Engine.forward` (the
-  `tolist()` that brings the tokens to the host);
-- post: the rest of `Scheduler.step`: advancing `cached_len`, appending tokens, building
-  the `DetokenizeMsg` replies, freeing finished requests (all B finish on the last timed
-  step, so freeing is in the figures once per `--steps`);
+- sample: `Sampler.sample`, `Sampler.logprobs`, recording the sampled tokens for the next
+  step, the rest of `Engine.launch` (the copy to the host) and `StepHandle.result` (the
+  wait for it and `tolist()`);
+- post: the rest of `Scheduler.launch_step` and `Scheduler.finish_step`: advancing
+  `cached_len`, appending tokens, building the `DetokenizeMsg` replies, freeing finished
+  requests (all B finish on the last timed step);
 - other: the step's wall time less all of the above (loop bookkeeping, the timers).
+
+Each timed step is one `Scheduler.advance()`, as the process loop runs it: with overlap
+(`--overlap`, the default on CUDA) it launches step N+1 and then reads step N.
 
 How: the methods are wrapped from the outside (instance attributes shadowing the bound
 methods; nothing in minisgl/ is edited). A wrapper's time excludes the wrapped calls
 nested in it, so the phases never overlap and add up to at most the wall time. On CUDA
 every wrapper synchronises the device on entry and exit, so each phase holds its own
 device work; the forward is then device time (plus its launches), and "host" is the step's
-wall time less the forward. On the CPU everything is host time; "host" is still reported
-as wall less forward, the part that is not the model.
-
-The synchronisation serialises host and device, as the current engine does anyway (the
-sampled tokens are read back with `tolist()` every step). An overlap scheduler does not
-exist yet: `--disable-overlap-schedule` is accepted and changes nothing (it is there so
-that the "after" command line of the engine-pipeline issue runs here too).
+wall time less the forward. Those synchronisations also undo any overlap, so each batch
+size is measured a second time without the wrappers: "free-running wall" is the time per
+step as the loop really runs, the figure overlap scheduling improves. On the CPU
+everything is host time; "host" is still reported as wall less forward, the part that is
+not the model.
 
     python benchmarks/step_overhead.py --device cpu --hidden-size 128 --vocab-size 4096
     python benchmarks/step_overhead.py --device cuda --json steps.json  # a GPU, 0.6B width
@@ -103,23 +105,50 @@ class _TimedGraph:
         self.replay = timer.wrap("forward", graph.replay)
 
 
-def instrument(scheduler, timer: PhaseTimer) -> None:
+def instrument(scheduler, timer: PhaseTimer) -> Callable[[], None]:
+    """Wrap the phases; returns a function that takes every wrapper off again."""
+    from minisgl.engine.engine import StepHandle
+
     engine = scheduler.engine
+    patched = []
+
+    def patch(obj, name, phase):
+        patched.append((obj, name, obj.__dict__.get(name)))
+        timer.patch(obj, name, phase)
+
     # receive: the loop over process_msg is timed where measure() runs it
-    timer.patch(scheduler, "_schedule_next_batch", "schedule")
-    timer.patch(scheduler, "step", "post")  # its exclusive time: what follows the forward
-    timer.patch(engine, "forward", "sample")  # exclusive: sampling_reqs and tolist()
-    timer.patch(engine, "logits", "forward")  # exclusive: the model call and LM head
-    timer.patch(engine, "_forward_info", "prepare")
-    timer.patch(engine.attn_backend, "prepare", "prepare")
-    timer.patch(engine.sampler, "prepare", "prepare")
-    timer.patch(engine.sampler, "sample", "sample")
-    timer.patch(engine.sampler, "logprobs", "sample")
+    patch(scheduler, "_schedule_next_batch", "schedule")
+    patch(scheduler, "launch_step", "post")  # exclusive: the bookkeeping around the launch
+    patch(scheduler, "finish_step", "post")  # exclusive: appending tokens, replies, freeing
+    patch(engine, "launch", "sample")  # exclusive: the copy of the tokens to the host
+    patch(engine, "_run_model", "forward")  # exclusive: the model call and LM head
+    patch(engine.inputs, "build", "prepare")
+    patch(engine.inputs, "record_sampled", "sample")
+    patch(engine.attn_backend, "prepare", "prepare")
+    patch(engine.sampler, "prepare", "prepare")
+    patch(engine.sampler, "sample", "sample")
+    patch(engine.sampler, "logprobs", "sample")
+    result = StepHandle.result
+    StepHandle.result = timer.wrap("sample", result)  # __slots__: wrapped on the class
+    graphs = {}
     if engine.graph_runner is not None:
         runner = engine.graph_runner
-        timer.patch(runner, "run", "prepare")  # exclusive: staging inputs into the buffers
-        timer.patch(runner, "_forward", "forward")  # batch sizes without a graph
-        runner.graphs = {bs: _TimedGraph(g, timer) for bs, g in runner.graphs.items()}
+        patch(runner, "run", "prepare")  # exclusive: prepare_for_replay
+        patch(runner, "_forward", "forward")  # batch sizes without a graph
+        graphs = runner.graphs
+        runner.graphs = {bs: _TimedGraph(g, timer) for bs, g in graphs.items()}
+
+    def undo() -> None:
+        StepHandle.result = result
+        if engine.graph_runner is not None:
+            engine.graph_runner.graphs = graphs
+        for obj, name, old in reversed(patched):
+            if old is None:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+
+    return undo
 
 
 # ---------------------------------------------------------------------------- model
@@ -147,7 +176,8 @@ def tiny_config_dir(args: argparse.Namespace, out: Path) -> Path:
 
 # ---------------------------------------------------------------------------- one run
 def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, seed: int):
-    """Per timed step: {phase: seconds} plus "wall" and "batch" (sequences in the step)."""
+    """Per timed step: {phase: seconds} plus "wall" and "batch" (sequences in the step);
+    without wrappers (`timer` None) only "wall" is meaningful."""
     from minisgl.core import SamplingParams
     from minisgl.message import UserMsg
 
@@ -163,12 +193,14 @@ def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, 
     ]
     sizes: list[int] = []
 
-    @timer.wrap_as("receive")
     def receive(msgs: list) -> list:
         replies = []
         for msg in msgs:
             replies += scheduler.process_msg(msg)
         return replies
+
+    if timer:
+        receive = timer.wrap("receive", receive)
 
     schedule = scheduler._schedule_next_batch
 
@@ -178,6 +210,7 @@ def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, 
         return b
 
     scheduler._schedule_next_batch = counted
+    sync = timer.sync if timer else (lambda: None)
     try:
         while inbox or scheduler.prefill_manager.runnable:  # admit and prefill, untimed
             for msg in inbox:
@@ -186,21 +219,24 @@ def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, 
             scheduler.step()
         assert len(scheduler.decode_manager.running) == batch, "not all requests decode"
         for _ in range(args.warmup):
-            scheduler.step()
+            scheduler.advance()
         steps = []
         for _ in range(args.steps):
-            timer.reset()
+            if timer:
+                timer.reset()
             sizes.clear()
             start = time.perf_counter()
             replies = receive(inbox)  # what run_forever received for this step: nothing
-            replies += scheduler.step()
-            timer.sync()
+            replies += scheduler.advance()
+            sync()
             wall = time.perf_counter() - start
             assert sizes == [batch] and len(replies) == batch, (sizes, len(replies))
-            rec = dict(timer.totals)
+            rec = dict(timer.totals) if timer else dict.fromkeys(PHASES, 0.0)
             rec["other"] = wall - sum(rec[p] for p in PHASES if p != "other")
             rec["wall"], rec["batch"] = wall, batch
             steps.append(rec)
+        while scheduler.has_work:  # the last step's tokens, with overlap
+            scheduler.advance()
     finally:
         scheduler._schedule_next_batch = schedule
     assert not scheduler.has_work and scheduler.table_manager.used == 0, "requests left over"
@@ -218,8 +254,12 @@ def summarize(steps: list[dict]) -> dict:
 def table(batch: int, mean: dict) -> str:
     wall = mean["wall"]
     lines = [f"batch {batch}:", "| phase | us/step | share |", "|---|---:|---:|"]
-    for k in [*PHASES, "wall", "host"]:
-        name = {"wall": "**step (wall)**", "host": "host (wall - forward)"}.get(k, k)
+    for k in [*PHASES, "wall", "host", "free_wall"]:
+        name = {
+            "wall": "**step (wall)**",
+            "host": "host (wall - forward)",
+            "free_wall": "free-running wall (no timers)",
+        }.get(k, k)
         lines.append(f"| {name} | {mean[k] * 1e6:,.1f} | {100 * mean[k] / wall:.1f} % |")
     return "\n".join(lines)
 
@@ -234,11 +274,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     p.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
-    p.add_argument(
+    overlap = p.add_mutually_exclusive_group()
+    overlap.add_argument(
         "--disable-overlap-schedule",
-        action="store_true",
-        help="accepted, no effect: there is no overlap scheduler yet",
+        dest="overlap",
+        action="store_false",
+        default=None,
+        help="read each step's tokens before the next is scheduled (default: on CUDA only)",
     )
+    overlap.add_argument("--overlap", action="store_true", help="overlap even on a CPU")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--warmup", type=int, default=4, help="untimed decode steps")
@@ -255,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     from minisgl.engine.config import EngineConfig
     from minisgl.engine.engine import Engine
     from minisgl.scheduler import Scheduler
+    from minisgl.scheduler.config import SchedulerConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -277,10 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                 cuda_graph=args.cuda_graph,
             )
         )
-    scheduler = Scheduler(engine)
+    scheduler = Scheduler(engine, SchedulerConfig(overlap_schedule=args.overlap))
     cuda = engine.device.type == "cuda"
     timer = PhaseTimer(torch.cuda.synchronize if cuda else None)
-    instrument(scheduler, timer)
     c = engine.model_config
     graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
     print(
@@ -288,17 +332,20 @@ def main(argv: list[str] | None = None) -> int:
         f"{c.vocab_size}, random weights, on {engine.device} ({engine.dtype}, "
         f"{type(engine.attn_backend).__name__}, CUDA graphs {'on' if graphs else 'off'}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads); prompt "
-        f"{args.prompt_len}, {args.warmup} warm-up + {args.steps} timed decode steps"
+        f"{args.prompt_len}, {args.warmup} warm-up + {args.steps} timed decode steps, "
+        f"overlap scheduling {'on' if scheduler.overlap else 'off'}"
     )
-    if args.disable_overlap_schedule:
-        print("note: --disable-overlap-schedule has no effect: there is no overlap scheduler")
     results = []
     for i, batch in enumerate(args.batch_sizes):
         busy, own, t = machine_busy_seconds(), cpu_seconds(os.getpid()), time.perf_counter()
+        undo = instrument(scheduler, timer)
         steps = measure(scheduler, timer, batch, args, seed=i + 1)
+        undo()
+        free = measure(scheduler, None, batch, args, seed=i + 1)  # as the loop really runs
         others = machine_busy_seconds() - busy - (cpu_seconds(os.getpid()) - own)
         others /= time.perf_counter() - t  # cores other processes used meanwhile (nan: no /proc)
         mean = summarize(steps)
+        mean["free_wall"] = sum(s["wall"] for s in free) / len(free)
         print(f"\n{table(batch, mean)}\nothers' CPU meanwhile: {others:.2f} cores")
         results.append({"batch": batch, "others_cores": others, "mean_s": mean, "steps": steps})
     if args.json:
@@ -308,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             "device": str(engine.device),
             "dtype": str(engine.dtype),
             "cuda_graphs": graphs,
+            "overlap": scheduler.overlap,
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
             "results": results,

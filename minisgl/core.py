@@ -180,16 +180,20 @@ class Req:
         )
 
 
-@dataclass
 class Batch:
-    """One forward step. `reqs` each carry their `extend_len` for this step."""
+    """One forward step. `reqs` each carry their `extend_len` for this step; what the step
+    does for each is read once, when the batch is made (before `cached_len` moves)."""
 
-    reqs: list[Req]
+    __slots__ = ("reqs", "is_decode", "sampling_rows", "sampling_reqs")
 
-    @property
-    def is_decode(self) -> bool:
-        return all(r.extend_len == 1 for r in self.reqs)
-
-    @property
-    def sampling_reqs(self) -> list[Req]:
-        return [r for r in self.reqs if r.samples_this_step]
+    def __init__(self, reqs: list[Req]) -> None:
+        self.reqs = reqs
+        self.is_decode = all(r.extend_len == 1 for r in reqs)
+        # indices into reqs of the sequences whose step ends where their tokens end
+        # (Req.samples_this_step, inlined: this runs for every request of every step)
+        self.sampling_rows = [
+            i
+            for i, r in enumerate(reqs)
+            if r.cached_len + r.extend_len == len(r.token_ids) + r.num_pending
+        ]
+        self.sampling_reqs = [reqs[i] for i in self.sampling_rows]

@@ -149,9 +149,9 @@ class Engine:
         the requests that sample)."""
         runner = self.graph_runner
         if runner is not None and runner.can_run(batch):
-            inputs = self.inputs.build(batch.reqs, pad_to=runner.bucket(len(batch.reqs)))
+            inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
             return inputs, runner.run(inputs)
-        inputs = self.inputs.build(batch.reqs)
+        inputs = self.inputs.build(batch)
         ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
         hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
         if inputs.sample_rows is not None:  # the last token of each request that samples

@@ -8,8 +8,8 @@ Contract: the runner knows the model, an attention backend that declares itself
 `capturable` (its three capture hooks are all it uses of it) and the input builder's fixed
 decode buffers. Every tensor the captured step reads lives in those buffers, sized for the
 largest bucket, and the step's logits land in a fixed buffer too. `run(inputs)` takes
-inputs the builder wrote into the buffers for a bucket (`StepInputBuilder.build(reqs,
-pad_to=bucket(len(reqs)))`: rows past the real ones are dummy requests that write their K/V
+inputs the builder wrote into the buffers for a bucket (`StepInputBuilder.build(batch,
+pad_to=bucket(len(batch.reqs)))`: rows past the real ones are dummy requests that write their K/V
 to the pool's scratch page and read a one-token sequence from it), replays that bucket's
 graph and returns the real rows' logits. Without capture (a CPU, or --disable-cuda-graph)
 the same buffers run eagerly, which is how the padding is tested without a GPU.

@@ -1,6 +1,6 @@
 """StepInputBuilder: the one producer of a forward step's inputs, for eager steps and graphs.
 
-Contract: `build(reqs, pad_to=None)` turns the requests of a step (each with its
+Contract: `build(batch, pad_to=None)` turns the requests of a step (each with its
 `table_idx`, `cached_len`, `extend_len`) into `StepInputs` on the device: token ids,
 positions, the cache slot each token's K/V goes to, each request's row of page ids and its
 sequence length, and which rows sample. With `pad_to=bs` (decode steps only) the inputs
@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from minisgl.attention import ForwardInfo
-from minisgl.core import Req
+from minisgl.core import Batch
 
 
 @dataclass
@@ -117,54 +117,58 @@ class StepInputBuilder:
         self._copied = [None, None]
 
     # --8<-- [start:build]
-    def build(self, reqs: list[Req], pad_to: int | None = None) -> StepInputs:
-        B = len(reqs)
+    def build(self, batch: Batch, pad_to: int | None = None) -> StepInputs:
+        reqs, B = batch.reqs, len(batch.reqs)
         rows = pad_to or B  # padding rows are dummy decodes: token 0 at position 0
-        ext = np.fromiter((r.extend_len for r in reqs), np.int64, B)
-        cached = np.fromiter((r.cached_len for r in reqs), np.int64, B)
-        is_decode = bool((ext == 1).all())
+        is_decode = batch.is_decode
         assert pad_to is None or (is_decode and pad_to >= B), "only decode steps are padded"
-        T = rows if is_decode else int(ext.sum())
-        sampling = [i for i, r in enumerate(reqs) if r.samples_this_step]
+        cached = [r.cached_len for r in reqs]
+        ext = [1] * B if is_decode else [r.extend_len for r in reqs]
+        T = rows if is_decode else sum(ext)
+        sampling = batch.sampling_rows
         # S = 0: every row is a request that samples (a decode step)
         S = 0 if is_decode and len(sampling) == B else len(sampling)
 
         # host: [ids T | positions T | slots rows | seq_lens rows | sample rows S | their
         # requests S | token's request T (prefill steps)], one staging buffer
         sizes = [T, T, rows, rows, S, S, 0 if is_decode else T]
-        self._reserve(sum(sizes))
+        n = sum(sizes)
+        self._reserve(n)
         turn, self._turn = self._turn, self._turn ^ 1
         if (event := self._copied[turn]) is not None:
             event.synchronize()  # the device has read this buffer's previous contents
         h = self._host_np[turn]
-        ids, pos, slots, seq, s_rows, s_reqs, tok_req = np.split(h, np.cumsum(sizes))[:7]
+        ids, pos, slots, seq, s_rows, s_reqs, tok_req = np.split(h[:n], np.cumsum(sizes)[:-1])
         slots[:B] = [r.table_idx for r in reqs]
         slots[B:] = self.dummy_slot
-        seq[:B] = cached + ext
-        seq[B:] = 1
-        pending = False
+        pending = any(r.num_pending for r in reqs)
         if is_decode:
-            for i, r in enumerate(reqs):
-                pending |= r.num_pending > 0
-                ids[i] = -1 if r.num_pending else r.token_ids[r.cached_len]
+            if pending:
+                ids[:B] = [-1 if r.num_pending else r.token_ids[r.cached_len] for r in reqs]
+            else:
+                ids[:B] = [r.token_ids[r.cached_len] for r in reqs]
             ids[B:] = 0
             pos[:B] = cached
             pos[B:] = 0
+            seq[:B] = pos[:B] + 1
+            seq[B:] = 1
         else:
-            starts = np.cumsum(ext) - ext
-            for r, k, off in zip(reqs, ext.tolist(), starts.tolist()):
+            ext_np, cached_np = np.array(ext), np.array(cached)
+            starts = np.cumsum(ext_np) - ext_np
+            for r, k, off in zip(reqs, ext, starts.tolist()):
                 if r.num_pending:  # only a decode row can wait for its token
-                    ids[off], pending = -1, True
+                    ids[off] = -1
                 else:
                     ids[off : off + k] = r.token_ids[r.cached_len : r.cached_len + k]
-            tok_req[:] = np.repeat(np.arange(B), ext)
-            pos[:] = np.arange(T) + (cached - starts)[tok_req]
+            tok_req[:] = np.repeat(np.arange(B), ext_np)
+            pos[:] = np.arange(T) + (cached_np - starts)[tok_req]
+            seq[:] = cached_np + ext_np
+            if S:
+                s_rows[:] = (starts + ext_np - 1)[sampling]
         if S:
             s_reqs[:] = sampling
-            s_rows[:] = (np.cumsum(ext) - 1)[sampling]
 
         # one copy to the device; everything else is derived there
-        n = sum(sizes)
         dev = self._stage[:n]
         dev.copy_(self._host[turn][:n], non_blocking=True)
         if self._pin:
@@ -191,14 +195,14 @@ class StepInputBuilder:
             torch.index_select(self.page_table, 0, req_slots, out=buf.block_table[:rows])
             info, input_ids = buf.info(rows), buf.input_ids[:rows]
         else:
-            P = -(-int(seq[:B].max()) // ps) if B else 0
+            P = -(-int(seq.max()) // ps) if B else 0
             info = ForwardInfo(
                 positions=positions,
                 out_slots=out_slots,
                 block_table=self.page_table[req_slots, :P],
                 seq_lens=seq_lens,
-                extend_lens_cpu=ext.tolist(),
-                cached_lens_cpu=cached.tolist(),
+                extend_lens_cpu=ext,
+                cached_lens_cpu=cached,
             )
         return StepInputs(input_ids, info, sample_rows if S else None, sample_slots, B)
 

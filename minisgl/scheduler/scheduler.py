@@ -302,6 +302,8 @@ class Scheduler:
         """Partly prefilled requests are the newest holders of pages: if running requests
         cannot all grow by one token, those give their pages back first."""
         cache = self.cache_manager
+        if not any(r.pages for r in self.prefill_manager.pending):
+            return  # nothing to take back (the common case)
         needed = sum(
             cache.pages_needed(r, r.cached_len + 1)
             for r in self.decode_manager.running.values()
