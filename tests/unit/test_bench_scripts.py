@@ -106,18 +106,21 @@ def test_profile_summary_of_collapsed_stacks():
     assert dict(s["minisgl_inclusive_pct"])["minisgl/server/frontend.py:listen"] == 30.0
 
 
-def test_step_overhead_phases_add_up(tmp_path):
+@pytest.mark.parametrize("overlap", ["--overlap", "--disable-overlap-schedule"])
+def test_step_overhead_phases_add_up(tmp_path, overlap):
     """A tiny run of benchmarks/step_overhead.py: every phase is there, none is negative and
-    together they take no more than the step's wall time."""
+    together they take no more than the step's wall time, with and without overlap."""
     import json
 
     import step_overhead
 
     out = tmp_path / "steps.json"
     argv = ["--device", "cpu", "--batch-sizes", "1", "2", "--steps", "2", "--warmup", "1"]
-    argv += ["--hidden-size", "64", "--vocab-size", "512", "--prompt-len", "4"]
+    argv += ["--hidden-size", "64", "--vocab-size", "512", "--prompt-len", "4", overlap]
     assert step_overhead.main([*argv, "--json", str(out)]) == 0
-    results = json.loads(out.read_text())["results"]
+    record = json.loads(out.read_text())
+    assert record["overlap"] is (overlap == "--overlap")
+    results = record["results"]
     assert [r["batch"] for r in results] == [1, 2]
     for r in results:
         assert len(r["steps"]) == 2
