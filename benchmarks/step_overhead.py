@@ -15,7 +15,7 @@ loop as `Scheduler.run_forever` runs it (receive, then `step()`), driven here in
   `Sampler.prepare`;
 - forward: the model call and the LM head (`Engine._run_model` less the above; with CUDA
   graphs, the graph replay);
-- sample: `Sampler.sample`, `Sampler.logprobs`, recording the sampled tokens for the next
+- sample: `Sampler.sample`, `Sampler.logprobs_device`, recording the sampled tokens for the next
   step, the rest of `Engine.launch` (the copy to the host) and `StepHandle.result` (the
   wait for it and `tolist()`);
 - post: the rest of `Scheduler.launch_step` and `Scheduler.finish_step`: advancing
@@ -127,7 +127,7 @@ def instrument(scheduler, timer: PhaseTimer) -> Callable[[], None]:
     patch(engine.attn_backend, "prepare", "prepare")
     patch(engine.sampler, "prepare", "prepare")
     patch(engine.sampler, "sample", "sample")
-    patch(engine.sampler, "logprobs", "sample")
+    patch(engine.sampler, "logprobs_device", "sample")
     result = StepHandle.result
     StepHandle.result = timer.wrap("sample", result)  # __slots__: wrapped on the class
     graphs = {}

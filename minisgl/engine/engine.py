@@ -174,7 +174,7 @@ class Engine:
         args = self.sampler.prepare(sampling)
         tokens = self.sampler.sample(logits, args)
         self.inputs.record_sampled(inputs, tokens)  # the next step may read them here
-        logprobs = self.sampler.logprobs(logits, tokens, args)
+        logprobs = self.sampler.logprobs_device(logits, tokens, args)  # read in result()
         if self.device.type != "cuda":
             return StepHandle(tokens, None, logprobs)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -198,7 +198,8 @@ class StepOutput:
 
 
 class StepHandle:
-    """A launched step. Its tokens are copied to `tokens` (host memory) when `done` fires."""
+    """A launched step. Its tokens are copied to `tokens` (host memory) when `done` fires;
+    the logprobs asked for are still on the device (`DeviceLogprobs`)."""
 
     __slots__ = ("tokens", "done", "logprobs")
 
@@ -210,4 +211,5 @@ class StepHandle:
             return StepOutput([], None)
         if self.done is not None:
             self.done.synchronize()
-        return StepOutput(self.tokens.tolist(), self.logprobs)
+        logprobs = self.logprobs.to_host() if self.logprobs is not None else None
+        return StepOutput(self.tokens.tolist(), logprobs)

@@ -3,14 +3,25 @@
 Contract: `Sampler.prepare(reqs)` turns the sequences that sample this step into tensors
 once; `Sampler.sample(logits, args)` picks one token per row with tensor ops only (no Python
 loop over requests, no host sync): logits processors first (logits.py), then greedy or
-temperature / top-k / top-p sampling. `Sampler.logprobs` reports, for the rows that asked,
-the sampled token's log-probability and the top alternatives, from the model's raw
-distribution (before processors and temperature, as vLLM reports them by default).
+temperature / top-k / top-p sampling; it also records the tokens for the penalties, so it
+runs exactly once per `prepare`. `Sampler.logprobs` reports, for the rows that asked, the
+sampled token's log-probability and the top alternatives, from the model's raw distribution
+(before processors and temperature, as vLLM reports them by default); `logprobs_device`
+does its device work at once and `.to_host()` reads the result later.
 
-Randomness is counter-based: the noise for request r at output index s over token v is a
-hash of (seed_r, s, v). A request therefore draws the same tokens for the same seed whatever
-else shares its batch, and again after being preempted and recomputed. Sampling uses the
-Gumbel-max trick: argmax(logits / T + Gumbel noise) draws from softmax(logits / T).
+Randomness is counter-based: request r at output index s draws one uniform number u, a hash
+of (seed_r, s), and takes the token where the cumulative distribution of
+softmax(logits / T), over the tokens its filters keep, in token-id order, passes u
+(inverse-CDF sampling). The token is thus a pure function of (seed, output index, logits):
+the same seed draws the same tokens whatever else shares the batch, and again after being
+preempted and recomputed. Greedy rows take the argmax of the processed logits. top-k and
+top-p keep the tokens tied with the last one they keep, so ties never depend on a sort.
+
+Memory: besides the (B, V) copy of the logits that the sampler edits in place, a sampling
+step makes one more (B, V) float32 tensor (the cumulative sums); top-k adds a (B, k_max)
+`topk` and a (B, V) bool mask; only top-p sorts the vocabulary (values, indices and their
+cumulative sums, freed before the draw). Nothing of (B, V) is built when every row is greedy
+and no processor applies.
 """
 
 from __future__ import annotations
@@ -22,7 +33,7 @@ import torch
 from minisgl.core import Req
 from minisgl.message import TokenLogprob
 
-from .logits import LogitsProcessors
+from .logits import LogitsProcessors, PenaltyState
 
 _M32 = 0xFFFFFFFF
 
@@ -42,14 +53,13 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab: int) -> torch.Tensor:
-    """(B, vocab) float32 in (0, 1), a pure function of (seed, step, token id)."""
+def seeded_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 seeds and output indices -> (B,) float32 in (0, 1), a pure function of
+    (seed, step). 23 random bits: (n + 0.5) / 2**23 is exact in float32 and never 0 or 1."""
     seed_lo, seed_hi = seeds & _M32, (seeds >> 32) & _M32
     key = _mix32(seed_lo ^ _mix32(seed_hi ^ 0x5BD1E995))
-    key = _mix32(key ^ _mix32((steps & _M32) ^ 0x27D4EB2F))  # (B,)
-    ids = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    bits = _mix32((key[:, None] + _mul32(ids, 0x9E3779B1)[None, :]) & _M32)
-    return ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    bits = _mix32(key ^ _mix32((steps & _M32) ^ 0x27D4EB2F))
+    return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
 def _as_int64(seed: int) -> int:
@@ -63,91 +73,152 @@ class SamplingArgs:
     greedy_only: bool
     processors: LogitsProcessors | None = None
     logprob_rows: list[tuple[int, int]] | None = None  # (row, alternatives) asking logprobs
+    logprob_index: torch.Tensor | None = None  # (R,) the same rows, on the device
     temperature: torch.Tensor | None = None  # (B, 1) float32, 1.0 on greedy rows
     greedy: torch.Tensor | None = None  # (B,) bool
-    top_k: torch.Tensor | None = None  # (B, 1) int64, vocab when disabled
-    top_p: torch.Tensor | None = None  # (B, 1) float32
+    top_k: torch.Tensor | None = None  # (B, 1) int64, 0 where off
+    top_k_max: int = 0  # the largest k: known on the host, so `topk` needs no sync
+    top_p: torch.Tensor | None = None  # (B, 1) float32, 1.0 where off
     seeds: torch.Tensor | None = None  # (B,) int64
     steps: torch.Tensor | None = None  # (B,) int64: output index being sampled
 
 
+@dataclass
+class DeviceLogprobs:
+    """What `Sampler.logprobs_device` computed, still on the device."""
+
+    batch_size: int
+    rows: list[tuple[int, int]]  # (row, alternatives), as in SamplingArgs.logprob_rows
+    chosen: torch.Tensor  # (R,) the sampled token's logprob
+    top_values: torch.Tensor  # (R, k_max) the best alternatives' logprobs, best first
+    top_ids: torch.Tensor  # (R, k_max) their token ids
+
+    def to_host(self) -> list[TokenLogprob | None]:
+        """Per row of the batch: its TokenLogprob, or None if it did not ask (waits for the
+        device)."""
+        chosen = self.chosen.tolist()
+        top_v, top_i = self.top_values.tolist(), self.top_ids.tolist()
+        out: list[TokenLogprob | None] = [None] * self.batch_size
+        for j, (row, k) in enumerate(self.rows):
+            out[row] = TokenLogprob(chosen[j], list(zip(top_i[j][:k], top_v[j][:k])))
+        return out
+
+
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, max_slots: int) -> None:
+        """`max_slots`: page-table slots; every request passed in holds one below it."""
         self.vocab_size = vocab_size
         self.device = device
+        self.penalties = PenaltyState(max_slots, vocab_size, device)
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
 
     def prepare(self, reqs: list[Req]) -> SamplingArgs:
+        """Call before the step's tokens are marked pending: `output_len` is then the index
+        of the token this step samples."""
         params = [r.sampling_params for r in reqs]
-        processors = LogitsProcessors.prepare(reqs, self.vocab_size, self.device)
+        processors = LogitsProcessors.prepare(reqs, self.device, self.penalties)
         logprob_rows = [(i, p.logprobs) for i, p in enumerate(params) if p.logprobs is not None]
-        if all(p.is_greedy for p in params):
-            return SamplingArgs(True, processors, logprob_rows or None)
+        args = SamplingArgs(all(p.is_greedy for p in params), processors)
+        if logprob_rows:
+            args.logprob_rows = logprob_rows
+            args.logprob_index = self._tensor([i for i, _ in logprob_rows], torch.int64)
+        if args.greedy_only:
+            return args
         greedy = [p.is_greedy for p in params]
-        args = SamplingArgs(
-            greedy_only=False,
-            processors=processors,
-            logprob_rows=logprob_rows or None,
-            temperature=self._tensor(
-                [1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32
-            )[:, None],
-            greedy=self._tensor(greedy, torch.bool),
-            seeds=self._tensor([_as_int64(r.seed) for r in reqs], torch.int64),
-            steps=self._tensor([r.output_len for r in reqs], torch.int64),
-        )
-        if any(0 < p.top_k < self.vocab_size for p in params):
-            ks = [p.top_k if 0 < p.top_k < self.vocab_size else self.vocab_size for p in params]
+        args.greedy = self._tensor(greedy, torch.bool)
+        args.temperature = self._tensor(
+            [1.0 if g else p.temperature for g, p in zip(greedy, params)], torch.float32
+        )[:, None]
+        args.seeds = self._tensor([_as_int64(r.seed) for r in reqs], torch.int64)
+        args.steps = self._tensor([r.output_len for r in reqs], torch.int64)
+        # greedy rows draw too (the draw is thrown away): no filters for them, so they never
+        # cost a top-k or a sort
+        V = self.vocab_size
+        ks = [p.top_k if not g and 0 < p.top_k < V else 0 for g, p in zip(greedy, params)]
+        if any(ks):
             args.top_k = self._tensor(ks, torch.int64)[:, None]
-        if any(p.top_p < 1.0 for p in params):
-            args.top_p = self._tensor([p.top_p for p in params], torch.float32)[:, None]
+            args.top_k_max = max(ks)
+        ps = [1.0 if g else p.top_p for g, p in zip(greedy, params)]
+        if any(p < 1.0 for p in ps):
+            args.top_p = self._tensor(ps, torch.float32)[:, None]
         return args
 
     def sample(self, logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
-        """logits: (B, V) float32 -> (B,) int64 token ids."""
+        """logits: (B, V) float32 (left untouched) -> (B,) int64 token ids."""
+        x = logits
         if args.processors is not None:
-            logits = args.processors.apply(logits.clone())
-        greedy_tokens = logits.argmax(dim=-1)
-        if args.greedy_only:
-            return greedy_tokens
-        logits = logits / args.temperature
-        noise = uniform_noise(args.seeds, args.steps, logits.shape[-1])
-        if args.top_k is not None or args.top_p is not None:
-            logits = self._filter_top_k_top_p(logits, args)
-        gumbel = -torch.log(-torch.log(noise))
-        sampled = (logits + gumbel).argmax(dim=-1)
-        return torch.where(args.greedy, greedy_tokens, sampled)
+            x = args.processors.apply(logits.clone())
+        greedy = x.argmax(dim=-1)
+        tokens = greedy
+        if not args.greedy_only:
+            x = x.clone() if x is logits else x  # the draw edits x in place
+            tokens = torch.where(args.greedy, greedy, _draw(x, greedy, args))
+        if args.processors is not None:
+            args.processors.record(tokens)
+        return tokens
 
     @staticmethod
-    def _filter_top_k_top_p(logits: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
-        """Set to -inf every logit outside each row's top-k and top-p nucleus."""
-        sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
-        ranks = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-        drop = torch.zeros_like(sorted_logits, dtype=torch.bool)
-        if args.top_k is not None:
-            drop |= ranks >= args.top_k
-        if args.top_p is not None:
-            probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-            mass_before = probs.cumsum(dim=-1) - probs
-            drop |= mass_before > args.top_p  # the top token always stays: its mass_before is 0
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    def logprobs_device(
+        raw_logits: torch.Tensor, tokens: torch.Tensor, args: SamplingArgs
+    ) -> DeviceLogprobs | None:
+        """The device half of `logprobs`: no host sync; `.to_host()` on the result later."""
+        if args.logprob_rows is None:
+            return None
+        rows = args.logprob_index
+        logp = raw_logits[rows].log_softmax(dim=-1)  # (R, V)
+        chosen = logp.gather(1, tokens[rows][:, None]).squeeze(1)
+        k_max = max(k for _, k in args.logprob_rows)
+        top_v, top_i = logp.topk(k_max, dim=-1) if k_max else (logp[:, :0], logp[:, :0].long())
+        return DeviceLogprobs(raw_logits.shape[0], args.logprob_rows, chosen, top_v, top_i)
 
     @staticmethod
     def logprobs(
         raw_logits: torch.Tensor, tokens: torch.Tensor, args: SamplingArgs
     ) -> list[TokenLogprob | None] | None:
         """Per row: the sampled token's logprob and its top alternatives, or None."""
-        if args.logprob_rows is None:
-            return None
-        rows = torch.tensor([r for r, _ in args.logprob_rows], device=raw_logits.device)
-        logp = raw_logits[rows].log_softmax(dim=-1)  # (R, V)
-        chosen = logp.gather(1, tokens[rows][:, None]).squeeze(1).tolist()
-        k_max = max(k for _, k in args.logprob_rows)
-        top_v, top_i = logp.topk(k_max, dim=-1) if k_max else (logp[:, :0], logp[:, :0].long())
-        top_v, top_i = top_v.tolist(), top_i.tolist()
-        out: list[TokenLogprob | None] = [None] * raw_logits.shape[0]
-        for j, (row, k) in enumerate(args.logprob_rows):
-            out[row] = TokenLogprob(chosen[j], list(zip(top_i[j][:k], top_v[j][:k])))
-        return out
+        device_part = Sampler.logprobs_device(raw_logits, tokens, args)
+        return None if device_part is None else device_part.to_host()
+
+
+def _draw(x: torch.Tensor, greedy: torch.Tensor, args: SamplingArgs) -> torch.Tensor:
+    """Inverse-CDF draw from softmax(x / T) over the tokens the filters keep.
+
+    x: (B, V) processed logits, overwritten; greedy: (B,) their argmax -> (B,) token ids."""
+    x.div_(args.temperature)  # greedy rows have T = 1
+    if args.top_k is not None or args.top_p is not None:
+        _filter_top_k_top_p(x, args)
+    # unnormalised probabilities exp(x - max): the top token gets exactly 1, filtered ones 0
+    x.sub_(x.gather(1, greedy[:, None])).exp_()
+    cdf = x.cumsum(dim=-1)  # (B, V), in token-id order
+    target = seeded_uniform(args.seeds, args.steps)[:, None] * cdf[:, -1:]
+    # the first token whose cumulative mass passes u * total
+    idx = torch.searchsorted(cdf, target, right=True).clamp_(max=x.shape[-1] - 1)
+    # rounding can land past the end or on a zero-probability token (a filtered or banned
+    # one: a parallel cumsum need not be exactly flat over zeros). That has odds of about
+    # 2**-23; take the row's top token then, which is always allowed.
+    allowed = x.gather(1, idx) > 0
+    return torch.where(allowed, idx, greedy[:, None]).squeeze(1)
+
+
+def _filter_top_k_top_p(x: torch.Tensor, args: SamplingArgs) -> None:
+    """Set to -inf, in place, each row's logits outside its top k, then outside its top-p
+    nucleus of what is left (the top token always stays). Tokens tied with the last one kept
+    stay too, so what a row keeps depends on its own logits only, not on how a sort orders
+    ties, nor on the batch."""
+    neg_inf = float("-inf")
+    if args.top_k is not None:
+        # the k-th largest logit of each row, from a (B, k_max) top-k rather than a full sort
+        kth = x.topk(args.top_k_max, dim=-1).values.gather(1, (args.top_k - 1).clamp_(min=0))
+        kth.masked_fill_(args.top_k == 0, neg_inf)  # rows without top-k keep everything
+        x.masked_fill_(x < kth, neg_inf)
+    if args.top_p is not None:
+        values = x.sort(dim=-1, descending=True).values  # (B, V); the indices are not needed
+        cdf = (values - values[:, :1]).exp_().cumsum_(dim=-1)
+        # keep the best tokens while the mass before them is at most top_p: the last one kept
+        # is the first whose cumulative mass passes top_p * total
+        last = torch.searchsorted(cdf, args.top_p * cdf[:, -1:], right=True)
+        cut = values.gather(1, last.clamp_(max=x.shape[-1] - 1))
+        cut.masked_fill_(args.top_p >= 1.0, neg_inf)  # rows without top-p
+        x.masked_fill_(x < cut, neg_inf)
