@@ -43,15 +43,17 @@ class DecodeManager:
         """Return (requests decoding this step, requests preempted to make room)."""
         # a sequence whose pending token is its last (by length) has nothing left to run
         reqs = [r for r in self.running.values() if r.seq_len < r.max_len]
-        needed = sum(cache.pages_needed(r, r.cached_len + 1) for r in reqs)
+        needs = [cache.pages_needed(r, r.cached_len + 1) for r in reqs]  # 0 or 1 each
+        needed = sum(needs)
         preempted: list[Req] = []
         while needed > cache.available and len(reqs) > 1:
             victim = reqs.pop()  # newest first: the oldest requests keep making progress
-            needed -= cache.pages_needed(victim, victim.cached_len + 1)
+            needed -= needs.pop()
             del self.running[victim.key]
             evict(victim)
             preempted.append(victim)
-        for req in reqs:
-            cache.grow(req, req.cached_len + 1)
+        for req, need in zip(reqs, needs):
+            if need:
+                cache.grow(req, req.cached_len + 1)
             req.extend_len = 1
         return reqs, preempted
