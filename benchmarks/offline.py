@@ -2,8 +2,9 @@
 
 The workload is nano-vllm's / mini-sglang's offline benchmark: `random.seed(0)`, then
 `--num-seqs` prompts of random token ids in [0, 10000] with lengths uniform in
-[--min-len, --max-len], then one `max_tokens` per request uniform in the same range; EOS
-ignored, greedy. The figure is output tokens / wall seconds (CUDA-synchronised on a GPU).
+[--min-len, --max-len], then one `max_tokens` per request uniform in the same range (or
+`--output-len` for every request, drawing nothing); EOS ignored, greedy. The figure is
+output tokens / wall seconds (CUDA-synchronised on a GPU).
 
 Both engines run the same requests with the same weights in one process: our engine first,
 then transformers, built from the same config.json with every tensor copied out of our
@@ -11,6 +12,7 @@ engine (so random `--dummy-weights` are shared exactly, and real weights too). R
 repository root:
 
     python benchmarks/offline.py --num-seqs 16 --min-len 32 --max-len 128     # CPU
+    python benchmarks/offline.py --num-seqs 16 --min-len 32 --max-len 160 --output-len 64
     python benchmarks/offline.py --config qwen3-0.6b --dummy-weights          # GPU, full size
 """
 
@@ -59,13 +61,18 @@ class Result:
 
 
 # ---------------------------------------------------------------------------- workload
-def make_workload(num_seqs: int, min_len: int, max_len: int) -> tuple[list[list[int]], list[int]]:
-    """nano-vllm's bench.py order: every prompt first, then every max_tokens."""
+def make_workload(
+    num_seqs: int, min_len: int, max_len: int, output_len: int | None = None
+) -> tuple[list[list[int]], list[int]]:
+    """nano-vllm's bench.py order: every prompt first, then every max_tokens. A fixed
+    `output_len` draws no max_tokens, so the prompts are the same as without it."""
     random.seed(0)
     prompts = [
         [random.randint(0, 10000) for _ in range(random.randint(min_len, max_len))]
         for _ in range(num_seqs)
     ]
+    if output_len is not None:
+        return prompts, [output_len] * num_seqs
     max_tokens = [random.randint(min_len, max_len) for _ in range(num_seqs)]
     return prompts, max_tokens
 
@@ -308,6 +315,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=None,
+        help="max_tokens of every request (default: uniform in [--min-len, --max-len])",
+    )
     p.add_argument("--page-size", type=int, default=engine.page_size)
     p.add_argument("--max-running-requests", type=int, default=engine.max_running_requests)
     p.add_argument("--max-prefill-tokens", type=int, default=scheduler.max_prefill_tokens)
@@ -316,7 +329,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-seq-len",
         type=int,
         default=None,
-        help="engine context (default: 2 * --max-len, the longest request)",
+        help="engine context (default: the longest request, --max-len + the longest output)",
     )
     p.add_argument(
         "--attention-backend", default=engine.attention_backend, choices=["auto", "torch", "triton"]
@@ -360,6 +373,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not 1 <= args.min_len <= args.max_len:
         p.error("need 1 <= --min-len <= --max-len")
+    if args.output_len is not None and args.output_len < 1:
+        p.error("need --output-len >= 1")
     resolve_model(p, args)
     return args
 
@@ -369,7 +384,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
         model=args.model, device=args.device, dtype=args.dtype,
         dummy_weights=args.dummy_weights, page_size=args.page_size,
         max_running_requests=args.max_running_requests, num_pages=args.num_pages,
-        max_seq_len=args.max_seq_len or 2 * args.max_len,
+        max_seq_len=args.max_seq_len or args.max_len + max(args.max_len, args.output_len or 0),
         attention_backend=args.attention_backend, max_prefill_tokens=args.max_prefill_tokens,
     )  # fmt: skip
     e = llm.engine
@@ -378,6 +393,7 @@ def build_llm(args: argparse.Namespace) -> LLM:
         f"{e.device}, {str(e.dtype).removeprefix('torch.')}, "
         f"attention {type(e.attn_backend).__name__}, {e.num_pages} KV pages of {e.page_size}; "
         f"{args.num_seqs} requests, lengths {args.min_len}..{args.max_len}"
+        + (f", {args.output_len} output tokens each" if args.output_len else "")
     )
     return llm
 
@@ -433,7 +449,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts, max_tokens = make_workload(args.num_seqs, args.min_len, args.max_len)
+    prompts, max_tokens = make_workload(args.num_seqs, args.min_len, args.max_len, args.output_len)
     # warm-up requests come from their own generator: the workload stays nano-vllm's
     rng = random.Random(1)
     warm = (

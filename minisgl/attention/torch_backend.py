@@ -1,9 +1,17 @@
 """The reference attention backend: gather pages, then torch's scaled_dot_product_attention.
 
-Runs anywhere torch runs (CPU and CUDA). Requests that add one token this step (decodes)
-are done together: their pages are gathered into one padded (B, L) key/value batch with a
-length mask. Requests that add several tokens (prefill chunks) are done one by one, each a
-causal attention of its new queries over its cached prefix plus its new keys.
+Runs anywhere torch runs (CPU and CUDA). Keys and values are read from the pool a whole
+page at a time: the layer's cache viewed as (pages, page_size, Hkv, D) and indexed by the
+block table gives each request's keys in order with one `index_select` (a row copy per
+page, not per slot). Requests that add one token this step (decodes) are done together:
+their pages are gathered into one padded (B, L) key/value batch with a length mask, every
+padded position holding zeros (never unwritten memory). Requests that add several tokens
+(prefill chunks) are done one by one, each a causal attention of its new queries over its
+cached prefix plus its new keys.
+
+Grouped-query attention: for decodes the G query heads that share a KV head are handed to
+SDPA as G query rows of that head, so no KV head is repeated; prefills use SDPA's
+`enable_gqa`.
 """
 
 from __future__ import annotations
@@ -18,9 +26,10 @@ from .base import AttentionBackend, ForwardInfo
 
 @dataclass
 class _DecodeRows:
-    token_idx: torch.Tensor  # (Bd,) rows of q that are single-token requests
-    kv_slots: torch.Tensor  # (Bd, L) cache slot of every key position, padded
-    mask: torch.Tensor  # (Bd, 1, 1, L) True where the position holds a real key
+    token_idx: torch.Tensor | None  # (Bd,) rows of q that are decodes; None: all (no prefills)
+    pages: torch.Tensor  # (Bd, P) int64 page ids; past a request's last page: the scratch page
+    tail: torch.Tensor  # positions in the flat (Bd * P * page_size) keys to zero, see below
+    bias: torch.Tensor  # (Bd, 1, 1, L) 0 where the position holds a real key, else -inf
 
 
 @dataclass
@@ -28,7 +37,7 @@ class _PrefillRow:
     start: int  # first row of q
     q_len: int
     cached_len: int  # keys before the new tokens, read from the cache
-    kv_slots: torch.Tensor | None  # (cached_len + q_len,) slots, None when nothing is cached
+    pages: torch.Tensor | None  # (ceil((cached_len + q_len) / page_size),) None: nothing cached
 
 
 @dataclass
@@ -40,12 +49,8 @@ class TorchMeta:
 
 class TorchBackend(AttentionBackend):
     def prepare(self, info: ForwardInfo) -> TorchMeta:
-        page_size = self.pool.page_size
+        ps = self.pool.page_size
         device = info.out_slots.device
-        in_page = torch.arange(page_size, device=device)
-        # (B, P * page_size) slot of every position of every request
-        all_slots = (info.block_table.long()[:, :, None] * page_size + in_page).flatten(1)
-
         decode_req, decode_tok, prefill = [], [], []
         start = 0
         for i, (n, cached) in enumerate(zip(info.extend_lens_cpu, info.cached_lens_cpu)):
@@ -53,46 +58,75 @@ class TorchBackend(AttentionBackend):
                 decode_req.append(i)
                 decode_tok.append(start)
             else:
-                slots = all_slots[i, : cached + n] if cached > 0 else None
-                prefill.append(_PrefillRow(start, n, cached, slots))
+                pages = info.block_table[i, : -(-(cached + n) // ps)].long() if cached else None
+                prefill.append(_PrefillRow(start, n, cached, pages))
             start += n
 
         decode = None
         if decode_req:
-            rows = torch.tensor(decode_req, device=device)
-            seq_lens = info.seq_lens[rows].long()
-            L = int(max(c + 1 for c in (info.cached_lens_cpu[i] for i in decode_req)))
-            mask = torch.arange(L, device=device)[None, :] < seq_lens[:, None]
-            # padded positions read the zeroed scratch page: never uninitialised memory,
-            # which could hold NaN and poison the masked-out products
-            kv_slots = torch.where(mask, all_slots[rows, :L], self.pool.scratch_slot)
-            decode = _DecodeRows(
-                torch.tensor(decode_tok, device=device), kv_slots, mask[:, None, None, :]
-            )
+            every = len(decode_req) == len(info.extend_lens_cpu)  # a pure decode step
+            table = info.block_table if every else info.block_table[decode_req]
+            lens = [info.cached_lens_cpu[i] + 1 for i in decode_req]  # keys, new one included
+            decode = self._decode_rows(table, lens, None if every else decode_tok, device)
         return TorchMeta(info.out_slots, decode, prefill)
+
+    def _decode_rows(
+        self, table: torch.Tensor, lens: list[int], tokens: list[int] | None, device
+    ) -> _DecodeRows:
+        ps = self.pool.page_size
+        num_pages = [-(-n // ps) for n in lens]
+        P = max(num_pages)
+        L = P * ps
+        # The block table's padding is whatever the engine left there: pages past a
+        # request's last one read the zeroed scratch page instead.
+        in_use = torch.arange(P, device=device) < torch.tensor(num_pages, device=device)[:, None]
+        pages = torch.where(in_use, table[:, :P], self.pool.scratch_page).long()
+        # A request's last page holds slots past its length that it never wrote: on a GPU
+        # they can hold anything, NaN included, and a masked-out key still meets its value in
+        # a 0 * value product (0 * NaN = NaN). Those positions (at most page_size - 1 per
+        # request) are zeroed after the gather; the scratch page is zero already.
+        tail = [b * L + p for b, n in enumerate(lens) for p in range(n, num_pages[b] * ps)]
+        # An additive mask, built once per step: SDPA turns a boolean one into this per call.
+        past_end = torch.arange(L, device=device) >= torch.tensor(lens, device=device)[:, None]
+        bias = torch.zeros(len(lens), 1, 1, L, dtype=self.pool.k.dtype, device=device)
+        bias.masked_fill_(past_end[:, None, None, :], float("-inf"))
+        return _DecodeRows(
+            None if tokens is None else torch.tensor(tokens, device=device),
+            pages,
+            torch.tensor(tail, dtype=torch.long, device=device),
+            bias,
+        )
+
+    def _gather(self, cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
+        """(..., P) page ids -> (..., P * page_size, Hkv, D) keys (or values), in order."""
+        ps = self.pool.page_size
+        by_page = cache.view(-1, ps, *cache.shape[1:])  # (num_pages + 1, page_size, Hkv, D)
+        out = by_page.index_select(0, pages.flatten())  # one row copy per page
+        return out.view(*pages.shape[:-1], pages.shape[-1] * ps, *cache.shape[1:])
 
     def attention(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: TorchMeta
     ) -> torch.Tensor:
         self.pool.store(layer_id, meta.out_slots, k, v)
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]
+        d = meta.decode
+        if d is not None and d.token_idx is None:  # every row of q is a decode
+            return self._decode(q, k_cache, v_cache, d)
         out = torch.empty_like(q)
-        if (d := meta.decode) is not None:
-            qd = q[d.token_idx].unsqueeze(2)  # (Bd, H, 1, D)
-            kd = k_cache[d.kv_slots].transpose(1, 2)  # (Bd, Hkv, L, D)
-            vd = v_cache[d.kv_slots].transpose(1, 2)
-            o = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=d.mask, enable_gqa=True)
-            out[d.token_idx] = o.squeeze(2)
+        if d is not None:
+            out[d.token_idx] = self._decode(q[d.token_idx], k_cache, v_cache, d)
         for row in meta.prefill:
             rows = slice(row.start, row.start + row.q_len)
             qp = q[rows].transpose(0, 1).unsqueeze(0)  # (1, H, n, D)
-            if row.kv_slots is None:  # nothing cached: the new keys are all the keys
+            if row.pages is None:  # nothing cached: the new keys are all the keys
                 kp, vp = k[rows], v[rows]
                 mask, causal = None, True
-            else:
-                kp, vp = k_cache[row.kv_slots], v_cache[row.kv_slots]
+            else:  # this step's keys were stored above; the page gather reads them back
+                S = row.cached_len + row.q_len  # slicing drops the last page's unwritten tail
+                kp = self._gather(k_cache, row.pages)[:S]
+                vp = self._gather(v_cache, row.pages)[:S]
                 q_pos = torch.arange(row.q_len, device=q.device)[:, None] + row.cached_len
-                kv_pos = torch.arange(kp.shape[0], device=q.device)[None, :]
+                kv_pos = torch.arange(S, device=q.device)[None, :]
                 mask, causal = kv_pos <= q_pos, False  # (n, cached + n)
             kp = kp.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, D)
             vp = vp.transpose(0, 1).unsqueeze(0)
@@ -101,3 +135,21 @@ class TorchBackend(AttentionBackend):
             )
             out[rows] = o.squeeze(0).transpose(0, 1)
         return out
+
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, d: _DecodeRows
+    ) -> torch.Tensor:
+        """q: (Bd, H, D), one query per request -> (Bd, H, D)."""
+        Bd, H, D = q.shape
+        Hkv = k_cache.shape[1]
+        k, v = self._gather(k_cache, d.pages), self._gather(v_cache, d.pages)  # (Bd, L, Hkv, D)
+        k.view(-1, Hkv, D).index_fill_(0, d.tail, 0.0)
+        v.view(-1, Hkv, D).index_fill_(0, d.tail, 0.0)
+        # Query head i reads KV head i // G (transformers' repeat_kv order), so the G query
+        # heads of a group become G query rows of their KV head: no KV head is repeated.
+        qg = q.reshape(Bd, Hkv, H // Hkv, D)
+        # (Bd, Hkv, L, D) as strided views: SDPA reads them in place, no transpose copy
+        o = F.scaled_dot_product_attention(
+            qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=d.bias
+        )
+        return o.reshape(Bd, H, D)

@@ -17,7 +17,9 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .layers import GatedMLP, RMSNorm, RotaryEmbedding
+from .layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # a step's cos and signed sin rows, (T, 1, D) each
 
 
 class AttentionContext(Protocol):
@@ -29,49 +31,46 @@ class AttentionContext(Protocol):
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=False)
         if config.qk_norm:  # Qwen3 normalises each head of q and k before RoPE
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = config.qk_norm
-        self.rotary = [rotary]  # shared table; a list keeps it out of this module's state
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
-    ) -> torch.Tensor:
-        T = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(T, self.num_heads, self.head_dim)
-        k = k.view(T, self.num_kv_heads, self.head_dim)
-        v = v.view(T, self.num_kv_heads, self.head_dim)
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionContext) -> torch.Tensor:
+        T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x)  # (T, (H + 2 Hkv) * D): q's heads, then k's, then v's
+        v = qkv[:, self.q_size + self.kv_size :].view(T, Hkv, D)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary[0](positions, q, k)
+            q = self.q_norm(qkv[:, : self.q_size].view(T, H, D))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D))
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        else:  # q and k heads side by side: one rotation for both
+            qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].view(T, H + Hkv, D), *rope)
+            q, k = qk[:, :H], qk[:, H:]
         out = attn.attention(self.layer_id, q, k, v)  # (T, H, D)
         return self.o_proj(out.reshape(T, self.q_size))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, layer_id, rotary)
+        self.self_attn = Attention(config, layer_id)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, attn)
+    def forward(self, x: torch.Tensor, rope: Rope, attn: AttentionContext) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attn)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -80,17 +79,16 @@ class DecoderModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, self.rotary) for i in range(config.num_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionContext
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # (T, hidden)
+        rope = self.rotary.tables(positions, x.dtype)  # looked up once, used by every layer
         for layer in self.layers:
-            x = layer(x, positions, attn)
+            x = layer(x, rope, attn)
         return self.norm(x)
 
 
@@ -109,7 +107,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:
