@@ -5,8 +5,9 @@ Layout per layer: (num_pages * page_size, Hkv, D), indexed by a flat *slot*
 (dummy) batch rows may write to and padded key positions may read from; no request owns it.
 
 Only the scratch page is zeroed. The rest is left uninitialised, so on a CPU the operating
-system commits memory only as pages are first written; no backend reads a slot before it
-was written, except through the scratch page.
+system commits memory only as pages are first written; no backend lets an unwritten slot's
+value reach a result (the torch backend gathers whole pages and zeroes the unwritten tail
+of a request's last page).
 """
 
 from __future__ import annotations
