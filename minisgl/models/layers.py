@@ -100,8 +100,11 @@ class Linear(nn.Linear):
 
     The packed copy is made on first use and again whenever the weight changes (another
     tensor, or written in place: its version counter); it is a cache, not module state.
-    It doubles the weights' memory. Anything else (CUDA, other dtypes, autograd) runs
-    F.linear unchanged."""
+    It doubles the weights' memory. oneDNN keeps a compiled primitive per input shape (about
+    0.6 MB each, measured; a soak test saw the server grow with every new token count), so
+    only inputs of up to PACKED_ROWS[-1] rows take this path, padded up to one of a few row
+    counts: the shapes are bounded and warm after the first steps. Anything else (longer
+    prefills, CUDA, other dtypes, autograd) runs F.linear unchanged."""
 
     _packed: torch.Tensor | None = None
     _packed_key: tuple[int, int] | None = None
@@ -114,7 +117,16 @@ class Linear(nn.Linear):
         if self._packed_key != key:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w.detach())
             self._packed_key = key
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        rows = x.shape[0]
+        padded = next(b for b in PACKED_ROWS if b >= rows)
+        if padded != rows:
+            x = F.pad(x, (0, 0, 0, padded - rows))
+        out = torch.ops.mkldnn._linear_pointwise(x, self._packed, self.bias, "none", [], "")
+        return out[:rows]
+
+
+# row counts the packed path runs at (inputs are padded up to the next one)
+PACKED_ROWS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 80, 96, 128, 160, 192, 224, 256]
 
 
 def _use_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -123,6 +135,7 @@ def _use_packed(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.device.type == "cpu"
         and x.dtype == weight.dtype == torch.float32
         and x.dim() == 2
+        and 0 < x.shape[0] <= PACKED_ROWS[-1]
         and x.is_contiguous()
         and not torch.is_grad_enabled()  # the packed copy has no autograd
         and torch.backends.mkldnn.enabled
