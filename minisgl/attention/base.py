@@ -70,7 +70,7 @@ class AttentionBackend(ABC):
         """Metadata of a decode step over fixed buffers, to be recorded in a graph."""
         raise NotImplementedError(f"{type(self).__name__} cannot be captured")
 
-    def prepare_for_replay(self, info: ForwardInfo, meta: Any) -> None:
+    def prepare_for_replay(self, info: ForwardInfo, meta: Any) -> None:  # noqa: B027 (optional)
         """Refresh `meta` for the real step about to be replayed (nothing by default: the
         step's layout is already in `info`'s fixed buffers)."""
 

@@ -49,7 +49,9 @@ class DecodeGraphRunner:
         dev = buffers.input_ids.device
         self.logits = torch.zeros(self.max_bs, vocab_size, dtype=torch.float32, device=dev)
         backend.init_capture(self.max_bs)
-        self.metas: dict[int, Any] = {bs: backend.prepare_for_capture(buffers.info(bs)) for bs in self.buckets}
+        self.metas: dict[int, Any] = {
+            bs: backend.prepare_for_capture(buffers.info(bs)) for bs in self.buckets
+        }
         self.steps = 0  # decode steps run through the fixed buffers
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         if capture:

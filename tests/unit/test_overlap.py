@@ -14,9 +14,9 @@ and slot back, freed once (the allocator and the slot table raise on a double fr
 from __future__ import annotations
 
 import pytest
+from tiny import tiny_cpu_engine
 
 from minisgl.core import SamplingParams
-from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.message import AbortBackendMsg, DetokenizeMsg, UserMsg
 from minisgl.scheduler import Scheduler
@@ -28,19 +28,13 @@ PROMPTS = {1: 9, 2: 14, 3: 5}  # uid -> prompt length; 14 tokens take two chunks
 
 @pytest.fixture(scope="module")
 def engine(tiny_dirs) -> Engine:
-    return Engine(
-        EngineConfig(
-            model=str(tiny_dirs["llama"]),
-            device="cpu",
-            page_size=4,
-            max_seq_len=64,
-            max_running_requests=4,
-        )
-    )
+    return tiny_cpu_engine(tiny_dirs["llama"])
 
 
 def _sched(engine: Engine, overlap: bool, **config) -> Scheduler:
-    return Scheduler(engine, SchedulerConfig(max_prefill_tokens=8, overlap_schedule=overlap, **config))
+    return Scheduler(
+        engine, SchedulerConfig(max_prefill_tokens=8, overlap_schedule=overlap, **config)
+    )
 
 
 def _user(uid: int, n: int, **params) -> UserMsg:
@@ -173,18 +167,9 @@ def test_a_length_finish_is_not_run_past_its_last_token(engine) -> None:
 
 
 def test_preempted_with_a_pending_token_then_finished_leaves_no_trace(tiny_dirs) -> None:
-    # 7 pages of 4 tokens for three growing requests: decodes preempt the newest, whose
+    # 9 pages of 4 tokens for three growing requests: decodes preempt the newest, whose
     # last token may still be pending; every request still gets its tokens and all is freed
-    small = Engine(
-        EngineConfig(
-            model=str(tiny_dirs["llama"]),
-            device="cpu",
-            page_size=4,
-            num_pages=9,
-            max_seq_len=32,
-            max_running_requests=4,
-        )
-    )
+    small = tiny_cpu_engine(tiny_dirs["llama"], num_pages=9, max_seq_len=32)
     expected = _run(_sched(small, overlap=False))
     sched = _sched(small, overlap=True)
     replies = _run(sched)

@@ -4,9 +4,9 @@ clamping, continuous batching, and every page and slot back in the pool afterwar
 from __future__ import annotations
 
 import pytest
+from tiny import tiny_cpu_engine
 
 from minisgl.core import SamplingParams
-from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.message import (
     AbortBackendMsg,
@@ -25,15 +25,7 @@ ZERO = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
 
 @pytest.fixture(scope="module")
 def engine(tiny_dirs) -> Engine:
-    return Engine(
-        EngineConfig(
-            model=str(tiny_dirs["llama"]),
-            device="cpu",
-            page_size=4,
-            max_seq_len=64,
-            max_running_requests=4,
-        )
-    )
+    return tiny_cpu_engine(tiny_dirs["llama"])
 
 
 @pytest.fixture

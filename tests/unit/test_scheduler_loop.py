@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from tiny import tiny_cpu_engine
 
 from minisgl.core import SamplingParams
-from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.message import (
     AbortBackendMsg,
@@ -30,15 +30,7 @@ MAX_SEQ_LEN = 64
 
 @pytest.fixture(scope="module")
 def engine(tiny_dirs) -> Engine:
-    return Engine(
-        EngineConfig(
-            model=str(tiny_dirs["llama"]),
-            device="cpu",
-            page_size=4,
-            max_seq_len=MAX_SEQ_LEN,
-            max_running_requests=4,
-        )
-    )
+    return tiny_cpu_engine(tiny_dirs["llama"], max_seq_len=MAX_SEQ_LEN)
 
 
 @pytest.fixture
