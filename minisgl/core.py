@@ -163,14 +163,32 @@ class Req:
         eos = frozenset() if params.ignore_eos else self.eos_token_ids
         return eos | frozenset(params.stop_token_ids)
 
+    @cached_property
+    def plain_greedy(self) -> bool:
+        """Greedy, with nothing that edits its logits (bias, min_tokens, penalties) and no
+        logprobs: sampling it is a bare argmax."""
+        p = self.sampling_params
+        return (
+            p.is_greedy
+            and not p.logit_bias
+            and p.min_tokens == 0
+            and not p.has_penalties
+            and p.logprobs is None
+        )
+
     def append_token(self, token: int) -> None:
         """Record a sampled token (pending until now, if it was) and decide whether the
         sequence has finished."""
-        self.token_ids.append(token)
-        self.num_pending = max(0, self.num_pending - 1)
-        if self.output_len >= self.sampling_params.min_tokens and token in self.stop_token_set:
+        ids = self.token_ids
+        ids.append(token)
+        if self.num_pending:
+            self.num_pending -= 1
+        # runs for every token of every sequence: the cheap test first, properties inlined
+        if token in self.stop_token_set and (
+            len(ids) + self.num_pending - self.prompt_len >= self.sampling_params.min_tokens
+        ):
             self.finish_reason = "stop"
-        elif len(self.token_ids) >= self.max_len:
+        elif len(ids) >= self.max_len:
             self.finish_reason = "length"
 
     def __repr__(self) -> str:
@@ -182,18 +200,21 @@ class Req:
 
 class Batch:
     """One forward step. `reqs` each carry their `extend_len` for this step; what the step
-    does for each is read once, when the batch is made (before `cached_len` moves)."""
+    does for each is read once, when the batch is made (before `cached_len` moves). The
+    caller may say that the first `decodes` requests are decodes (one token each, which
+    always samples): the scheduler knows, and that saves a pass over them every step."""
 
     __slots__ = ("reqs", "is_decode", "sampling_rows", "sampling_reqs")
 
-    def __init__(self, reqs: list[Req]) -> None:
+    def __init__(self, reqs: list[Req], decodes: int = 0) -> None:
         self.reqs = reqs
-        self.is_decode = all(r.extend_len == 1 for r in reqs)
+        rest = reqs[decodes:]
+        self.is_decode = all(r.extend_len == 1 for r in rest)
         # indices into reqs of the sequences whose step ends where their tokens end
         # (Req.samples_this_step, inlined: this runs for every request of every step)
-        self.sampling_rows = [
+        self.sampling_rows = list(range(decodes)) + [
             i
-            for i, r in enumerate(reqs)
+            for i, r in enumerate(rest, decodes)
             if r.cached_len + r.extend_len == len(r.token_ids) + r.num_pending
         ]
-        self.sampling_reqs = [reqs[i] for i in self.sampling_rows]
+        self.sampling_reqs = reqs[:decodes] + [reqs[i] for i in self.sampling_rows[decodes:]]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -49,53 +50,55 @@ class TorchMeta:
 
 class TorchBackend(AttentionBackend):
     def prepare(self, info: ForwardInfo) -> TorchMeta:
-        ps = self.pool.page_size
+        ext, cached = info.extend_lens_cpu, info.cached_lens_cpu
         device = info.out_slots.device
+        if sum(ext) == len(ext):  # one new token each: a pure decode step (the common one)
+            lens = np.asarray(cached, dtype=np.int64) + 1  # keys, the new one included
+            return TorchMeta(info.out_slots, self._decode_rows(info.block_table, lens), [])
+        ps = self.pool.page_size
         decode_req, decode_tok, prefill = [], [], []
         start = 0
-        for i, (n, cached) in enumerate(zip(info.extend_lens_cpu, info.cached_lens_cpu)):
+        for i, (n, c) in enumerate(zip(ext, cached)):
             if n == 1:
                 decode_req.append(i)
                 decode_tok.append(start)
             else:
-                pages = info.block_table[i, : -(-(cached + n) // ps)].long() if cached else None
-                prefill.append(_PrefillRow(start, n, cached, pages))
+                pages = info.block_table[i, : -(-(c + n) // ps)].long() if c else None
+                prefill.append(_PrefillRow(start, n, c, pages))
             start += n
-
         decode = None
         if decode_req:
-            every = len(decode_req) == len(info.extend_lens_cpu)  # a pure decode step
-            table = info.block_table if every else info.block_table[decode_req]
-            lens = [info.cached_lens_cpu[i] + 1 for i in decode_req]  # keys, new one included
-            decode = self._decode_rows(table, lens, None if every else decode_tok, device)
+            lens = np.asarray([cached[i] + 1 for i in decode_req], dtype=np.int64)
+            decode = self._decode_rows(info.block_table[decode_req], lens)
+            decode.token_idx = torch.tensor(decode_tok, device=device)
         return TorchMeta(info.out_slots, decode, prefill)
 
-    def _decode_rows(
-        self, table: torch.Tensor, lens: list[int], tokens: list[int] | None, device
-    ) -> _DecodeRows:
-        ps = self.pool.page_size
-        num_pages = [-(-n // ps) for n in lens]
-        P = max(num_pages)
+    def _decode_rows(self, table: torch.Tensor, lens: np.ndarray) -> _DecodeRows:
+        """The decode metadata of requests with `lens` keys each (host arithmetic in numpy:
+        at a few hundred requests Python lists and small tensor ops cost more)."""
+        ps, device = self.pool.page_size, table.device
+        num_pages = -(-lens // ps)
+        ends = num_pages * ps  # (B,) the end of each request's last page
+        B, P = len(lens), int(num_pages.max())
         L = P * ps
+
+        def to_device(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device, non_blocking=True)
+
         # The block table's padding is whatever the engine left there: pages past a
         # request's last one read the zeroed scratch page instead.
-        in_use = torch.arange(P, device=device) < torch.tensor(num_pages, device=device)[:, None]
+        in_use = to_device(np.arange(P) < num_pages[:, None])
         pages = torch.where(in_use, table[:, :P], self.pool.scratch_page).long()
         # A request's last page holds slots past its length that it never wrote: on a GPU
         # they can hold anything, NaN included, and a masked-out key still meets its value in
         # a 0 * value product (0 * NaN = NaN). Those positions (at most page_size - 1 per
         # request) are zeroed after the gather; the scratch page is zero already.
-        tail = [b * L + p for b, n in enumerate(lens) for p in range(n, num_pages[b] * ps)]
+        tail = lens[:, None] + np.arange(ps - 1)  # (B, ps - 1) candidates
+        tail = (tail + L * np.arange(B)[:, None])[tail < ends[:, None]]
         # An additive mask, built once per step: SDPA turns a boolean one into this per call.
-        past_end = torch.arange(L, device=device) >= torch.tensor(lens, device=device)[:, None]
-        bias = torch.zeros(len(lens), 1, 1, L, dtype=self.pool.k.dtype, device=device)
-        bias.masked_fill_(past_end[:, None, None, :], float("-inf"))
-        return _DecodeRows(
-            None if tokens is None else torch.tensor(tokens, device=device),
-            pages,
-            torch.tensor(tail, dtype=torch.long, device=device),
-            bias,
-        )
+        bias = np.where(np.arange(L) >= lens[:, None], np.float32("-inf"), np.float32(0))
+        bias = to_device(bias).to(self.pool.k.dtype).view(B, 1, 1, L)
+        return _DecodeRows(None, pages, to_device(tail), bias)
 
     def _gather(self, cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
         """(..., P) page ids -> (..., P * page_size, Hkv, D) keys (or values), in order."""

@@ -137,16 +137,11 @@ class StepInputBuilder:
         turn, self._turn = self._turn, self._turn ^ 1
         if (event := self._copied[turn]) is not None:
             event.synchronize()  # the device has read this buffer's previous contents
-        h = self._host_np[turn]
-        ids, pos, slots, seq, s_rows, s_reqs, tok_req = np.split(h[:n], np.cumsum(sizes)[:-1])
+        ids, pos, slots, seq, s_rows, s_reqs, tok_req = _split(self._host_np[turn], sizes)
         slots[:B] = [r.table_idx for r in reqs]
         slots[B:] = self.dummy_slot
-        pending = any(r.num_pending for r in reqs)
         if is_decode:
-            if pending:
-                ids[:B] = [-1 if r.num_pending else r.token_ids[r.cached_len] for r in reqs]
-            else:
-                ids[:B] = [r.token_ids[r.cached_len] for r in reqs]
+            ids[:B] = [-1 if r.num_pending else r.token_ids[r.cached_len] for r in reqs]
             ids[B:] = 0
             pos[:B] = cached
             pos[B:] = 0
@@ -167,6 +162,7 @@ class StepInputBuilder:
                 s_rows[:] = (starts + ext_np - 1)[sampling]
         if S:
             s_reqs[:] = sampling
+        pending = bool((ids < 0).any())  # rows whose token is still on the device
 
         # one copy to the device; everything else is derived there
         dev = self._stage[:n]
@@ -211,3 +207,12 @@ class StepInputBuilder:
     def record_sampled(self, inputs: StepInputs, tokens: torch.Tensor) -> None:
         """Leave the step's sampled tokens where the next step's pending rows read them."""
         self.last_tokens.index_copy_(0, inputs.sample_slots, tokens)
+
+
+def _split(buffer: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    """Consecutive views of `buffer` of the given sizes (np.split, without its overhead)."""
+    views, start = [], 0
+    for size in sizes:
+        views.append(buffer[start : start + size])
+        start += size
+    return views

@@ -62,6 +62,34 @@ def seeded_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
     return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
 
+# --8<-- [start:argmax]
+_BLOCK = 128  # tokens per block of the blocked argmax
+_BLOCKED_MIN = 32_768  # logits (B * V) from which the blocked argmax is faster
+
+
+def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
+    """(B, V) logits -> (B,) int64: the index of each row's maximum, the first one where
+    several are equal (NaN counting as the maximum), exactly `x.argmax(-1)`.
+
+    On a CPU, torch's argmax kernel reads a row one element at a time (about 13 us per
+    49,152-token row on a 2-core EPYC, ten times an `amax` of the same row). So a large
+    batch is cut into blocks of 128 tokens: the vectorised `amax` of every block, the first
+    block whose maximum is the row's (an argmax over V / 128 values), then an argmax inside
+    that block. Both argmaxes take the first of equal values, so ties resolve as in one
+    argmax. About 3x faster from a few rows of a real vocabulary up; a GPU's argmax is
+    parallel already."""
+    B, V = x.shape
+    if x.device.type != "cpu" or V % _BLOCK or B * V < _BLOCKED_MIN or not x.is_contiguous():
+        return x.argmax(dim=-1)
+    blocks = x.view(B, V // _BLOCK, _BLOCK)
+    best = blocks.amax(dim=-1).argmax(dim=-1)  # (B,) the first block holding the maximum
+    inside = blocks[torch.arange(B), best].argmax(dim=-1)
+    return best * _BLOCK + inside
+
+
+# --8<-- [end:argmax]
+
+
 def _as_int64(seed: int) -> int:
     """Any Python int -> the signed 64-bit value with the same low 64 bits."""
     seed &= (1 << 64) - 1
@@ -117,6 +145,8 @@ class Sampler:
     def prepare(self, reqs: list[Req]) -> SamplingArgs:
         """Call before the step's tokens are marked pending: `output_len` is then the index
         of the token this step samples."""
+        if all(r.plain_greedy for r in reqs):  # the common case: nothing to prepare
+            return SamplingArgs(True)
         params = [r.sampling_params for r in reqs]
         processors = LogitsProcessors.prepare(reqs, self.device, self.penalties)
         logprob_rows = [(i, p.logprobs) for i, p in enumerate(params) if p.logprobs is not None]
@@ -150,7 +180,7 @@ class Sampler:
         x = logits
         if args.processors is not None:
             x = args.processors.apply(logits.clone())
-        greedy = x.argmax(dim=-1)
+        greedy = greedy_tokens(x)
         tokens = greedy
         if not args.greedy_only:
             x = x.clone() if x is logits else x  # the draw edits x in place

@@ -42,8 +42,11 @@ class DecodeManager:
     ) -> tuple[list[Req], list[Req]]:
         """Return (requests decoding this step, requests preempted to make room)."""
         # a sequence whose pending token is its last (by length) has nothing left to run
-        reqs = [r for r in self.running.values() if r.seq_len < r.max_len]
-        needs = [cache.pages_needed(r, r.cached_len + 1) for r in reqs]  # 0 or 1 each
+        # (Req.seq_len and CacheManager.pages_needed inlined: this runs for every request
+        # of every step)
+        reqs = [r for r in self.running.values() if len(r.token_ids) + r.num_pending < r.max_len]
+        ps = cache.page_size
+        needs = [max(0, r.cached_len // ps + 1 - len(r.pages)) for r in reqs]  # 0 or 1 each
         needed = sum(needs)
         preempted: list[Req] = []
         while needed > cache.available and len(reqs) > 1:

@@ -246,23 +246,24 @@ class Scheduler:
         for req in batch.reqs:
             req.cached_len += req.extend_len
             req.extend_len = 0
+        running = self.decode_manager.running
         for req in sampling:
             req.num_pending += 1  # its token is on the device until finish_step
             if req.forks_left:  # its prompt is cached (once the step ran): the others start
                 self._fork(req)
-            if req.key not in self.decode_manager.running:
+            if (req.uid, req.index) not in running:  # (req.key)
                 self.decode_manager.add_req(req)  # its prompt is now cached: it decodes
         return _Launched(sampling, handle)
 
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: one reply per sequence that had not ended."""
         out = launched.handle.result()
+        logprobs = out.logprobs or [None] * len(out.tokens)
         replies: list[TokenizerMsg] = []
-        for i, (req, token) in enumerate(zip(launched.sampling, out.tokens, strict=True)):
+        for req, token, logprob in zip(launched.sampling, out.tokens, logprobs, strict=True):
             if req.ended:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
-            logprob = out.logprobs[i] if out.logprobs is not None else None
             replies.append(DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob))
             if req.finish_reason is not None:
                 self._end(req)
@@ -294,7 +295,7 @@ class Scheduler:
         )
         reqs = decode + prefill
         self.cache_manager.flush()  # the page table rows of this step, on the device
-        return Batch(reqs) if reqs else None
+        return Batch(reqs, decodes=len(decode)) if reqs else None
 
     # --8<-- [end:step]
 

@@ -9,7 +9,7 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.core import Req
 from minisgl.engine import sample as sample_module
-from minisgl.engine.sample import Sampler, seeded_uniform
+from minisgl.engine.sample import Sampler, greedy_tokens, seeded_uniform
 
 PROMPTS = [[(i * 13 + j * 5) % 400 + 3 for j in range(4 + 3 * i)] for i in range(6)]
 CPU = torch.device("cpu")
@@ -118,6 +118,22 @@ def test_greedy_rows_stay_greedy_in_a_mixed_batch() -> None:
     greedy = logits.argmax(-1)
     assert torch.equal(tokens[1::2], greedy[1::2])
     assert not torch.equal(tokens[0::2], greedy[0::2])  # temperature 2 over 50 tokens
+
+
+@pytest.mark.parametrize("shape", [(1, 4096), (3, 49_152), (64, 1024), (300, 4096), (5, 1000)])
+def test_greedy_tokens_are_argmax_ties_nan_and_inf_included(shape) -> None:
+    # shapes on both sides of the blocked path's threshold, and a vocabulary it cannot cut
+    B, V = shape
+    g = torch.Generator().manual_seed(B)
+    x = torch.randn(B, V, generator=g).mul_(4).round_()  # coarse values: many ties
+    x[0, 7] = x[0, 300 % V] = 1e6  # a tie of maxima in different blocks: the first wins
+    if B > 2:
+        x[1] = float("-inf")  # a row where every token is banned
+        x[2, V // 2] = float("nan")  # NaN counts as the maximum, as in argmax
+        x[2, V - 1] = float("nan")
+    expected = x.argmax(dim=-1)
+    assert torch.equal(greedy_tokens(x), expected)
+    assert expected[0] == 7
 
 
 def test_sample_leaves_the_logits_alone() -> None:
