@@ -12,10 +12,9 @@ How it stays cheap on the host:
   last row of scratch pages that dummy rows point at). The cache manager writes the rows
   of requests whose pages changed; a step only reads it, on the device.
 - Per step the host writes a few small integer arrays (ids, positions, slots) into one
-  staging buffer, pinned on CUDA, and copies it to the device once, `non_blocking`. Two
-  staging buffers alternate, so the host fills one while the device may still be copying
-  from the other (with overlap scheduling the host runs a step ahead). Everything else
-  (write slots, sequence lengths, page rows) is derived on the device.
+  buffer from a `Staging` ring (pinned on CUDA, so the copy never waits for the step the
+  device is still running) and copies it to the device once, `non_blocking`. Everything
+  else (write slots, sequence lengths, page rows) is derived on the device.
 - A token sampled by the previous step may not have reached the host yet (its request has
   `num_pending`): its id is written as -1 and read on the device from `last_tokens`, where
   every step leaves the tokens it sampled, by request slot (`record_sampled`).
@@ -30,6 +29,8 @@ import torch
 
 from minisgl.attention import ForwardInfo
 from minisgl.core import Batch
+
+from .staging import Staging
 
 
 @dataclass
@@ -84,13 +85,7 @@ class StepInputBuilder:
         )
         self.last_tokens = torch.zeros(max_reqs + 1, dtype=torch.int64, device=device)
         # --8<-- [end:page_table]
-        self._pin = device.type == "cuda"
-        self._host: list[torch.Tensor] = []
-        self._host_np: list[np.ndarray] = []
-        self._copied: list[torch.cuda.Event | None] = [None, None]
-        self._turn = 0
-        self._stage = torch.empty(0, dtype=torch.int64, device=device)
-        self._reserve(4 * max(max_reqs, 64))
+        self.staging = Staging(device)
         self.decode_buffers: DecodeBuffers | None = None
         if max_graph_bs:
             self.decode_buffers = DecodeBuffers(
@@ -105,16 +100,6 @@ class StepInputBuilder:
                     device=device,
                 ),
             )
-
-    def _reserve(self, size: int) -> None:
-        """Staging buffers of at least `size` int64 values (grown by doubling, rarely)."""
-        if self._stage.numel() >= size:
-            return
-        size = max(size, 2 * self._stage.numel())
-        self._host = [torch.empty(size, dtype=torch.int64, pin_memory=self._pin) for _ in "ab"]
-        self._host_np = [h.numpy() for h in self._host]
-        self._stage = torch.empty(size, dtype=torch.int64, device=self.device)
-        self._copied = [None, None]
 
     # --8<-- [start:build]
     def build(self, batch: Batch, pad_to: int | None = None) -> StepInputs:
@@ -132,12 +117,8 @@ class StepInputBuilder:
         # host: [ids T | positions T | slots rows | seq_lens rows | sample rows S | their
         # requests S | token's request T (prefill steps)], one staging buffer
         sizes = [T, T, rows, rows, S, S, 0 if is_decode else T]
-        n = sum(sizes)
-        self._reserve(n)
-        turn, self._turn = self._turn, self._turn ^ 1
-        if (event := self._copied[turn]) is not None:
-            event.synchronize()  # the device has read this buffer's previous contents
-        ids, pos, slots, seq, s_rows, s_reqs, tok_req = _split(self._host_np[turn], sizes)
+        host = self.staging.host(sum(sizes), torch.int64)
+        ids, pos, slots, seq, s_rows, s_reqs, tok_req = _split(host, sizes)
         slots[:B] = [r.table_idx for r in reqs]
         slots[B:] = self.dummy_slot
         if is_decode:
@@ -165,11 +146,7 @@ class StepInputBuilder:
         pending = bool((ids < 0).any())  # rows whose token is still on the device
 
         # one copy to the device; everything else is derived there
-        dev = self._stage[:n]
-        dev.copy_(self._host[turn][:n], non_blocking=True)
-        if self._pin:
-            self._copied[turn] = torch.cuda.Event()
-            self._copied[turn].record()
+        dev = self.staging.copy(host)
         input_ids, positions, req_slots, seq_lens, sample_rows, sample_reqs, tok_req_d = (
             torch.split(dev, sizes)
         )

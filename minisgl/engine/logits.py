@@ -1,6 +1,6 @@
 """Logits processors: what a request's parameters change in its logits before sampling.
 
-Contract: `LogitsProcessors.prepare(reqs, device, penalties)` returns None when no request of
+Contract: `LogitsProcessors.prepare(reqs, staging, penalties)` returns None when no request of
 the step needs processing (the common case: no work at all), else the small tensors below,
 built once per step; `apply(logits)` then edits (B, V) logits in place, in OpenAI/vLLM order:
 1. logit_bias: added to the named tokens;
@@ -26,9 +26,7 @@ import torch
 
 from minisgl.core import Req
 
-
-def _to_device(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.tensor(data, dtype=dtype).to(device, non_blocking=True)
+from .staging import Staging
 
 
 class PenaltyState:
@@ -39,8 +37,9 @@ class PenaltyState:
     request with penalties, so a server that never sees one never pays the
     (max_slots, V) memory."""
 
-    def __init__(self, max_slots: int, vocab: int, device: torch.device) -> None:
-        self.max_slots, self.vocab, self.device = max_slots, vocab, device
+    def __init__(self, max_slots: int, vocab: int, staging: Staging) -> None:
+        self.max_slots, self.vocab = max_slots, vocab
+        self.staging, self.device = staging, staging.device
         self.counts: torch.Tensor | None = None  # (max_slots, V) float32
         self.seen: torch.Tensor | None = None  # (max_slots, V) bool
         # the sequence whose statistics each row holds: Req objects compare by identity,
@@ -61,7 +60,7 @@ class PenaltyState:
         fresh = [r for r in reqs if self.owner[r.table_idx] is not r]
         if fresh:
             self._build(fresh)
-        return _to_device([r.table_idx for r in reqs], torch.int64, self.device)
+        return self.staging.to_device([r.table_idx for r in reqs], torch.int64)
 
     def _build(self, reqs: list[Req]) -> None:
         """Fill the rows of `reqs`' slots from their host token lists."""
@@ -80,7 +79,7 @@ class PenaltyState:
             seen_ids += r.token_ids
 
         def to_device(data):
-            return _to_device(data, torch.int64, self.device)
+            return self.staging.to_device(data, torch.int64)
 
         slots = to_device([r.table_idx for r in reqs])
         self.counts.index_fill_(0, slots, 0.0)
@@ -114,7 +113,7 @@ class LogitsProcessors:
 
     @classmethod
     def prepare(
-        cls, reqs: list[Req], device: torch.device, penalties: PenaltyState
+        cls, reqs: list[Req], staging: Staging, penalties: PenaltyState
     ) -> LogitsProcessors | None:
         params = [r.sampling_params for r in reqs]
         need_bias = any(p.logit_bias for p in params)
@@ -123,8 +122,7 @@ class LogitsProcessors:
         if not (need_bias or need_ban or need_penalty):
             return None
 
-        def to_device(data, dtype):
-            return _to_device(data, dtype, device)
+        to_device = staging.to_device
 
         procs = cls(None, None)
         if need_bias:

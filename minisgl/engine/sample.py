@@ -34,6 +34,7 @@ from minisgl.core import Req
 from minisgl.message import TokenLogprob
 
 from .logits import LogitsProcessors, PenaltyState
+from .staging import Staging
 
 _M32 = 0xFFFFFFFF
 
@@ -137,10 +138,11 @@ class Sampler:
         """`max_slots`: page-table slots; every request passed in holds one below it."""
         self.vocab_size = vocab_size
         self.device = device
-        self.penalties = PenaltyState(max_slots, vocab_size, device)
+        self.staging = Staging(device)  # every tensor prepare() makes comes through here
+        self.penalties = PenaltyState(max_slots, vocab_size, self.staging)
 
     def _tensor(self, data: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(data, dtype=dtype).to(self.device, non_blocking=True)
+        return self.staging.to_device(data, dtype)
 
     def prepare(self, reqs: list[Req]) -> SamplingArgs:
         """Call before the step's tokens are marked pending: `output_len` is then the index
@@ -148,7 +150,7 @@ class Sampler:
         if all(r.plain_greedy for r in reqs):  # the common case: nothing to prepare
             return SamplingArgs(True)
         params = [r.sampling_params for r in reqs]
-        processors = LogitsProcessors.prepare(reqs, self.device, self.penalties)
+        processors = LogitsProcessors.prepare(reqs, self.staging, self.penalties)
         logprob_rows = [(i, p.logprobs) for i, p in enumerate(params) if p.logprobs is not None]
         args = SamplingArgs(all(p.is_greedy for p in params), processors)
         if logprob_rows:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import Req
+from minisgl.engine.staging import Staging
 from minisgl.kvcache import PageAllocator
 
 
@@ -25,6 +26,7 @@ class CacheManager:
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
         self.page_table = page_table  # (slots + 1, max_pages) int32, on the engine's device
+        self._staging = Staging(page_table.device)
         self._holders = [0] * num_pages  # sequences holding each page
         self._edits: list[int] = []  # (row, column, page) triples not yet in page_table
 
@@ -67,8 +69,7 @@ class CacheManager:
         """Write the recorded page ids into the page table: one copy to the device."""
         if not self._edits:
             return
-        edits = torch.tensor(self._edits, dtype=torch.int32).view(-1, 3)
-        edits = edits.to(self.page_table.device, non_blocking=True)
+        edits = self._staging.to_device(self._edits, torch.int32).view(-1, 3)
         rows, cols = edits[:, 0].long(), edits[:, 1].long()
         self.page_table.index_put_((rows, cols), edits[:, 2])
         self._edits = []
