@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from minisgl.engine.staging import Staging
+
 from . import triton_kernels as tk
 from .base import AttentionBackend, ForwardInfo
 
@@ -66,6 +68,7 @@ class TritonBackend(AttentionBackend):
         )
         self.max_seq_len = pool.num_pages * pool.page_size
         self._graph_scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.staging = Staging(device)  # a prefill step's block lists, one copy
 
     def num_splits(self, batch_size: int) -> int:
         return num_splits_for(batch_size, self.pool.k.shape[2], self.max_seq_len, self.num_sms)
@@ -98,7 +101,6 @@ class TritonBackend(AttentionBackend):
         )  # fmt: skip
 
     def prepare(self, info: ForwardInfo) -> DecodeMeta | PrefillMeta:
-        device = info.out_slots.device
         if info.is_decode:
             B = len(info.extend_lens_cpu)
             splits = self.num_splits(B)
@@ -111,18 +113,10 @@ class TritonBackend(AttentionBackend):
             starts.append(pos)
             pos += n
         blk_req, blk_m0 = tk.prefill_blocks(ext, PREFILL_BLOCK_M)
-
-        def i32(data: list[int]) -> torch.Tensor:
-            return torch.tensor(data, dtype=torch.int32).to(device, non_blocking=True)
-
+        parts = [starts, ext, info.cached_lens_cpu, blk_req, blk_m0]
+        flat = self.staging.to_device([x for part in parts for x in part], torch.int32)
         return PrefillMeta(
-            info.out_slots,
-            info.block_table,
-            i32(starts),
-            i32(ext),
-            i32(info.cached_lens_cpu),
-            i32(blk_req),
-            i32(blk_m0),
+            info.out_slots, info.block_table, *flat.split([len(part) for part in parts])
         )
 
     def attention(self, layer_id, q, k, v, meta):
