@@ -125,6 +125,7 @@ class Req:
     extend_len: int = 0  # tokens this step feeds to the model (set by the managers)
     num_pending: int = 0  # sampled tokens not yet in token_ids (0 or 1)
     pages: list[int] = field(default_factory=list)  # KV pages held, in order (maybe shared)
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was prefilled
     finish_reason: FinishReason | None = None
     ended: bool = False  # finished or aborted: a launched step's token for it is dropped
 
@@ -204,10 +205,10 @@ class Batch:
     caller may say that the first `decodes` requests are decodes (one token each, which
     always samples): the scheduler knows, and that saves a pass over them every step."""
 
-    __slots__ = ("reqs", "is_decode", "sampling_rows", "sampling_reqs")
+    __slots__ = ("reqs", "decodes", "is_decode", "sampling_rows", "sampling_reqs")
 
     def __init__(self, reqs: list[Req], decodes: int = 0) -> None:
-        self.reqs = reqs
+        self.reqs, self.decodes = reqs, decodes
         rest = reqs[decodes:]
         self.is_decode = all(r.extend_len == 1 for r in rest)
         # indices into reqs of the sequences whose step ends where their tokens end

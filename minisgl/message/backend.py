@@ -35,6 +35,7 @@ class AbortBackendMsg(msgspec.Struct, tag=True):
 
 class StateQueryMsg(msgspec.Struct, tag=True):
     query_id: int
+    flush_cache: bool = False  # empty the prefix cache first, if no request is in flight
 
 
 class ExitMsg(msgspec.Struct, tag=True):

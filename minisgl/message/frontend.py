@@ -37,6 +37,7 @@ class UserReply(msgspec.Struct, tag=True):
     completion_tokens: int = 0  # tokens of this choice so far, this reply's included
     index: int = 0  # which choice
     logprobs: list[TokenInfo] | None = None  # for this reply's token, when asked
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage)
 
 
 # --8<-- [end:user_reply]

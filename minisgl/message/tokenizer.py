@@ -33,6 +33,7 @@ class AbortMsg(msgspec.Struct, tag=True):
 
 class LifecycleQueryMsg(msgspec.Struct, tag=True):
     query_id: int
+    flush_cache: bool = False  # passed on to the scheduler (POST /debug/flush_cache)
 
 
 class TokenLogprob(msgspec.Struct, array_like=True):
@@ -48,6 +49,8 @@ class DetokenizeMsg(msgspec.Struct, tag=True):
     finish_reason: str | None = None  # "stop" or "length" on the choice's last token
     index: int = 0  # which choice of the request
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
+    # on a choice's first token: prompt tokens whose K/V came from the prefix cache
+    cached_tokens: int = 0
 
 
 class BackendErrorMsg(msgspec.Struct, tag=True):

@@ -25,6 +25,18 @@ class SchedulerConfig:
     # on where the engine runs on CUDA; on a CPU a step runs while it is launched, so
     # overlap would only hold every token back by one step
     overlap_schedule: bool | None = None
+    # "radix": requests that share a prefix share its KV pages (computed once, kept after
+    # the request ends until the pages are needed); "none": every prompt from scratch
+    prefix_cache: str = "radix"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.prefix_cache, bool):  # LLM(prefix_cache=False) reads naturally
+            self.prefix_cache = "radix" if self.prefix_cache else "none"
+        if self.prefix_cache not in PREFIX_CACHES:
+            raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHES)}")
+
+
+PREFIX_CACHES = ("radix", "none")
 
 
 Options = dict[str, Any]

@@ -65,14 +65,17 @@ class PrefillManager:
                 continue  # preempted while its last token was on the device: wait for it
             if req.table_idx < 0 and table.available == 0:
                 break
+            if not req.pages and req.cached_len == 0:  # new, or preempted and back
+                # the longest cached prefix of its tokens is not recomputed
+                req.cached_tokens = min(cache.match(req), req.prompt_len)
             # room in the request's last page plus whole free pages it may take
             room = len(req.pages) * ps - req.cached_len + max(0, cache.available - keep_free) * ps
             chunk = min(budget, req.uncached_len, room)
             if chunk <= 0:
-                break
+                break  # it keeps the matched pages, if any, for when there is room
             if req.table_idx < 0:
                 req.table_idx = table.allocate()
-                cache.bind(req)  # pages shared with its first choice, if any
+                cache.bind(req)  # pages it shares (a cached prefix, its first choice's)
             cache.grow(req, req.cached_len + chunk)
             req.extend_len = chunk
             budget -= chunk

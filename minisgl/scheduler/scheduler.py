@@ -77,7 +77,12 @@ class Scheduler:
         self.engine = engine
         self.config = config if config is not None else SchedulerConfig()
         self.table_manager = TableManager(engine.config.max_running_requests)
-        self.cache_manager = CacheManager(engine.num_pages, engine.page_size, engine.page_table)
+        self.cache_manager = CacheManager(
+            engine.num_pages,
+            engine.page_size,
+            engine.page_table,
+            prefix_cache=self.config.prefix_cache == "radix",
+        )
         self.prefill_manager = PrefillManager()
         self.decode_manager = DecodeManager()
         self.eos_token_ids = engine.model_config.eos_token_ids
@@ -101,8 +106,12 @@ class Scheduler:
             "pending": len(self.prefill_manager),
             "running": len(self.decode_manager),
             "table_slots_used": self.table_manager.used,
-            "kv_pages_used": self.cache_manager.used,
+            "kv_pages_used": self.cache_manager.used,  # held by live requests
             "kv_pages_total": self.cache_manager.total,
+            "kv_pages_cached": self.cache_manager.cached,  # held by the prefix cache alone
+            "prefix_cache_nodes": self.cache_manager.nodes,
+            "prefix_cache_query_tokens": self.cache_manager.query_tokens,
+            "prefix_cache_hit_tokens": self.cache_manager.hit_tokens,
         }
 
     def process_msg(self, msg: BackendMsg) -> list[TokenizerMsg]:
@@ -113,7 +122,8 @@ class Scheduler:
             self.abort_req(msg.uid, msg.index)
             return []
         if isinstance(msg, StateQueryMsg):
-            return [SchedulerStateMsg(msg.query_id, self.state())]
+            flushed = {"flushed_pages": self.flush_cache()} if msg.flush_cache else {}
+            return [SchedulerStateMsg(msg.query_id, {**self.state(), **flushed})]
         raise TypeError(f"scheduler cannot handle {type(msg).__name__}")
 
     # --8<-- [start:validate]
@@ -215,6 +225,13 @@ class Scheduler:
 
     # --8<-- [end:abort_req]
 
+    def flush_cache(self) -> int:
+        """Empty the prefix cache: the pages freed, or -1 (nothing done) while any request
+        is in flight here."""
+        if self.has_work:
+            return -1
+        return self.cache_manager.flush_cache()
+
     # ------------------------------------------------------------------ one step
     # --8<-- [start:step]
     def step(self) -> list[TokenizerMsg]:
@@ -246,6 +263,8 @@ class Scheduler:
         for req in batch.reqs:
             req.cached_len += req.extend_len
             req.extend_len = 0
+        for req in batch.reqs[batch.decodes :]:  # prefill chunks: their full pages can be
+            self.cache_manager.insert(req)  # shared from the next step on
         running = self.decode_manager.running
         for req in sampling:
             req.num_pending += 1  # its token is on the device until finish_step
@@ -264,7 +283,17 @@ class Scheduler:
             if req.ended:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
-            replies.append(DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob))
+            first = len(req.token_ids) == req.prompt_len + 1  # the usage's cached_tokens
+            replies.append(
+                DetokenizeMsg(
+                    req.uid,
+                    token,
+                    req.finish_reason,
+                    req.index,
+                    logprob,
+                    req.cached_tokens if first else 0,
+                )
+            )
             if req.finish_reason is not None:
                 self._end(req)
         return replies
@@ -272,6 +301,7 @@ class Scheduler:
     def _end(self, req: Req) -> None:
         """A finished sequence leaves whichever manager holds it and frees what it holds."""
         req.ended = True
+        self.cache_manager.insert(req)  # the next turn of a conversation starts with it
         if req.key in self.decode_manager.running:
             self.decode_manager.remove_req(req)
         else:  # preempted while its last token was pending

@@ -6,8 +6,9 @@ or blocks the event loop. Every error is an OpenAI-style body
 `{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics, GET /debug/lifecycle. In front of them: X-Request-Id, the API key check and the request
-body limit (middleware.py).
+GET /metrics, GET /debug/lifecycle, POST /debug/flush_cache (admin: empties the prefix
+cache when idle). In front of them: X-Request-Id, the API key check and the request body
+limit (middleware.py).
 """
 
 from __future__ import annotations
@@ -227,6 +228,24 @@ def create_app(
             return to_http(failed.error).response()
         except asyncio.TimeoutError:
             return to_http(unavailable("a worker did not answer the state query")).response()
+
+    # --8<-- [start:flush_cache]
+    @app.post("/debug/flush_cache")
+    async def debug_flush_cache():
+        """Empty the prefix cache (admin). 409 while any request is in flight."""
+        busy = HttpError(409, "requests are in flight: flush the cache when idle", code="busy")
+        if frontend().states:
+            return busy.response()
+        try:
+            state = await frontend().lifecycle(flush_cache=True)
+        except RequestFailed as failed:
+            return to_http(failed.error).response()
+        except asyncio.TimeoutError:
+            return to_http(unavailable("the scheduler did not answer")).response()
+        flushed = state["scheduler"]["flushed_pages"]
+        return busy.response() if flushed < 0 else {"flushed_pages": flushed}
+
+    # --8<-- [end:flush_cache]
 
     _describe_errors_as_openai(app)
     return app

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
-from minisgl.scheduler.config import SchedulerConfig, split_options
+from minisgl.scheduler.config import PREFIX_CACHES, SchedulerConfig, split_options
 
 
 @dataclass
@@ -88,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         default=s.overlap_schedule,
         help="read each step's tokens before scheduling the next (overlap is on with CUDA)",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        default=s.prefix_cache,
+        choices=list(PREFIX_CACHES),
+        help="radix: requests sharing a prefix share its KV pages; none: no reuse "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--api-key",

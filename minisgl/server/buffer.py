@@ -31,6 +31,7 @@ class Output:
     completion_tokens: int  # all choices together
     finished: bool  # the request is over: every choice ended, or an error
     error: ErrorInfo | None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
     @property
     def text(self) -> str:
@@ -57,6 +58,7 @@ class Output:
             sum(o.completion_tokens for o in outputs),
             error is not None or all(o.finished for o in outputs),
             error,
+            sum(o.cached_tokens for o in outputs),
         )
 
 
@@ -78,6 +80,7 @@ class ReplyBuffer:
     choices: list[_ChoiceBuffer] = field(default_factory=list)
     pending_bytes: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int = 0
     finished: bool = False
     error: ErrorInfo | None = None
 
@@ -104,6 +107,7 @@ class ReplyBuffer:
             )
         choice.tokens = max(choice.tokens, reply.completion_tokens)
         self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)
+        self.cached_tokens = max(self.cached_tokens, reply.cached_tokens)
         if reply.finish_reason is not None:
             choice.finish_reason = reply.finish_reason
         if reply.finished:
@@ -121,7 +125,14 @@ class ReplyBuffer:
                 news.append(ChoiceOutput(index, "".join(c.pieces), c.finish_reason, c.logprobs))
                 c.pieces, c.logprobs, c.finish_taken = [], [], c.finish_taken or ended
         self.pending_bytes = 0
-        return Output(news, self.prompt_tokens, self.completion_tokens, self.finished, self.error)
+        return Output(
+            news,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.finished,
+            self.error,
+            self.cached_tokens,
+        )
 
 
 # --8<-- [end:reply_buffer]

@@ -33,11 +33,13 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + _json.encode(payload) + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        # as OpenAI reports it: prompt tokens whose computation was reused
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -87,7 +89,7 @@ class _Format:
 
     def usage_chunk(self, output: Output) -> bytes:
         body = self._envelope(self.chunk_object, [])
-        body["usage"] = usage(output.prompt_tokens, output.completion_tokens)
+        body["usage"] = usage(output.prompt_tokens, output.completion_tokens, output.cached_tokens)
         return sse(body)
 
     def body(
@@ -97,6 +99,7 @@ class _Format:
         logprobs: list[list[TokenInfo]] | None,
         prompt_tokens: int,
         completion_tokens: int,
+        cached_tokens: int = 0,
     ) -> dict[str, Any]:
         """The whole non-streaming response."""
         choices = [
@@ -104,7 +107,7 @@ class _Format:
             for i, text in enumerate(texts)
         ]
         body = self._envelope(self.object, choices)
-        body["usage"] = usage(prompt_tokens, completion_tokens)
+        body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens)
         return body
 
     def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:

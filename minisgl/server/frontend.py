@@ -302,16 +302,20 @@ class FrontendManager:
             await asyncio.sleep(min(0.25, timeout / 4))
             self.check_stalls(loop.time(), timeout)
 
-    async def lifecycle(self, timeout: float = 10.0) -> dict[str, dict[str, int]]:
+    async def lifecycle(
+        self, timeout: float = 10.0, flush_cache: bool = False
+    ) -> dict[str, dict[str, int]]:
         """Live per-uid state of all three processes, the workers' asked over ZMQ. The
-        scheduler answers between two steps, so the wait covers one long prefill step."""
+        scheduler answers between two steps, so the wait covers one long prefill step.
+        `flush_cache`: the scheduler empties its prefix cache first if it has no request
+        in flight, and reports `flushed_pages` (-1: it had)."""
         if self.backend_error is not None:
             raise RequestFailed(self.backend_error)
         query_id = next(self._query_ids)
         fut: asyncio.Future[LifecycleStateMsg] = asyncio.get_running_loop().create_future()
         self._queries[query_id] = fut
         try:
-            self.send_one(LifecycleQueryMsg(query_id))
+            self.send_one(LifecycleQueryMsg(query_id, flush_cache))
             reply = await asyncio.wait_for(fut, timeout)
         finally:
             del self._queries[query_id]

@@ -60,8 +60,28 @@ class ServerMetrics:
         self.pending = Gauge(
             "minisgl_requests_pending", "Requests waiting for or in prefill", registry=r
         )
-        self.kv_pages_used = Gauge("minisgl_kv_pages_used", "KV cache pages in use", registry=r)
+        self.kv_pages_used = Gauge(
+            "minisgl_kv_pages_used", "KV cache pages held by live requests", registry=r
+        )
         self.kv_pages_total = Gauge("minisgl_kv_pages_total", "KV cache pages", registry=r)
+        # the prefix cache, under the names vLLM gives the same figures
+        self.kv_cache_usage = Gauge(
+            "minisgl_kv_cache_usage_perc",
+            "Fraction of KV cache pages held by live requests (cached-only pages are free)",
+            registry=r,
+        )
+        self.kv_pages_cached = Gauge(
+            "minisgl_kv_pages_cached", "KV cache pages held by the prefix cache alone", registry=r
+        )
+        self.prefix_queries = Counter(
+            "minisgl_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "minisgl_prefix_cache_hits", "Prompt tokens found in the prefix cache", registry=r
+        )
+        self._prefix_seen = (0, 0)  # the scheduler's running totals at the last scrape
 
     # ------------------------------------------------------------ events
     def on_first_token(self, ttft: float, prompt_tokens: int) -> None:
@@ -93,4 +113,11 @@ class ServerMetrics:
             self.pending.set(sched["pending"])
             self.kv_pages_used.set(sched["kv_pages_used"])
             self.kv_pages_total.set(sched["kv_pages_total"])
+            self.kv_cache_usage.set(sched["kv_pages_used"] / max(1, sched["kv_pages_total"]))
+            self.kv_pages_cached.set(sched["kv_pages_cached"])
+            # the scheduler keeps totals; the counters advance by what is new since
+            queries, hits = sched["prefix_cache_query_tokens"], sched["prefix_cache_hit_tokens"]
+            self.prefix_queries.inc(max(0, queries - self._prefix_seen[0]))
+            self.prefix_hits.inc(max(0, hits - self._prefix_seen[1]))
+            self._prefix_seen = (queries, hits)
         return generate_latest(self.registry)

@@ -3,9 +3,9 @@
 - `RequestIdMiddleware`: every response carries `X-Request-Id`, the client's own when it
   sent one, else a fresh one; while the request is served the id is in `request_id_var`,
   so log lines about the request can name it.
-- `ApiKeyMiddleware`: with an API key set, every `/v1/*` route requires
-  `Authorization: Bearer <key>`, compared in constant time; otherwise 401. Other routes
-  (/health, /metrics, /debug/lifecycle) stay open.
+- `ApiKeyMiddleware`: with an API key set, every `/v1/*` route and the admin route
+  `POST /debug/flush_cache` require `Authorization: Bearer <key>`, compared in constant
+  time; otherwise 401. Other routes (/health, /metrics, /debug/lifecycle) stay open.
 - `BodyLimitMiddleware`: a request body over the limit is answered 413 before any route
   reads it, whether it declares a Content-Length or streams chunks.
 All error answers use the OpenAI error body, and are counted through `on_reject(code)`.
@@ -63,6 +63,9 @@ def _no_count(code: str) -> None:
     pass
 
 
+PROTECTED = ("/v1/", "/debug/flush_cache")  # path prefixes behind the API key
+
+
 class ApiKeyMiddleware:
     def __init__(self, app, api_key: str, on_reject: Callable[[str], None] = _no_count) -> None:
         self.app = app
@@ -70,7 +73,7 @@ class ApiKeyMiddleware:
         self.on_reject = on_reject
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED):
             given = _header(scope, b"authorization") or b""
             if not hmac.compare_digest(given, self.expected):  # constant time
                 self.on_reject("invalid_api_key")

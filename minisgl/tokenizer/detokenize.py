@@ -38,6 +38,7 @@ class Decoded:
     finished: bool  # every choice of the request has finished
     stop_hit: bool = False  # a stop string (not the scheduler) ended the choice
     text_offset: int = 0  # where this token's text starts in the choice's output
+    cached_tokens: int = 0  # prompt tokens the scheduler found in its prefix cache
 
 
 @dataclass
@@ -58,6 +59,7 @@ class DecodeState:
     choices: list[ChoiceState] = field(default_factory=lambda: [ChoiceState()])
     stop: tuple[str, ...] = ()
     min_tokens: int = 0
+    cached_tokens: int = 0
 
     @property
     def done(self) -> bool:
@@ -120,6 +122,7 @@ class DetokenizeManager:
             if choice.finish_reason is not None:
                 continue  # stopped by a stop string; the scheduler had not heard yet
             choice.tokens += 1
+            state.cached_tokens = max(state.cached_tokens, msg.cached_tokens)
             # an end token (EOS or a stop_token_id: finish_reason "stop" from the scheduler)
             # ends the text; like a stop string, it is not part of it
             if msg.finish_reason != "stop":
@@ -151,6 +154,7 @@ class DetokenizeManager:
                 state.done,
                 stop_hit,
                 text_offset=choice.sent + len(echo),
+                cached_tokens=state.cached_tokens,
             )
             choice.sent += len(echo) + len(text)
             if state.done:

@@ -84,7 +84,7 @@ class TokenizerWorker:
             elif isinstance(msg, BackendErrorMsg):
                 to_frontend += self._error(msg)
             elif isinstance(msg, LifecycleQueryMsg):
-                to_backend.append(StateQueryMsg(msg.query_id))
+                to_backend.append(StateQueryMsg(msg.query_id, msg.flush_cache))
             elif isinstance(msg, SchedulerStateMsg):
                 to_frontend.append(LifecycleStateMsg(msg.query_id, self.state(), msg.state))
         to_frontend += self._detokenize(run, to_backend)
@@ -142,6 +142,7 @@ class TokenizerWorker:
                     completion_tokens=decoded.completion_tokens,
                     index=msg.index,
                     logprobs=info,
+                    cached_tokens=decoded.cached_tokens,
                 )
             )
         return replies

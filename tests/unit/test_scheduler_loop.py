@@ -173,10 +173,20 @@ def test_a_state_query_is_answered_with_live_counts(sched) -> None:
     states = {m.query_id: m.state for m in io.sent if isinstance(m, SchedulerStateMsg)}
     assert sorted(states) == [1, 2, 3]
     total = sched.engine.num_pages
-    assert states[1] == {**ZERO, "kv_pages_total": total}
+    cache = ("kv_pages_cached", "prefix_cache_nodes")
+    live = {**ZERO, "kv_pages_total": total}
+    assert {k: v for k, v in states[1].items() if k not in cache} == {
+        **live,
+        "prefix_cache_query_tokens": 0,
+        "prefix_cache_hit_tokens": 0,
+    }
+    assert states[1]["kv_pages_cached"] == states[1]["prefix_cache_nodes"] == 0
     assert states[2]["running"] == 1 and states[2]["table_slots_used"] == 1
     assert states[2]["kv_pages_used"] > 0 and states[2]["kv_pages_total"] == total
-    assert states[3] == {**ZERO, "kv_pages_total": total}
+    assert states[2]["prefix_cache_query_tokens"] == 5  # its prompt, looked up once
+    assert {k: states[3][k] for k in live} == live
+    # what the cache still holds after the abort, it holds alone
+    assert states[3]["kv_pages_cached"] == states[3]["prefix_cache_nodes"]
 
 
 def test_the_loop_blocks_only_when_it_has_no_work(sched) -> None:
