@@ -43,6 +43,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -150,6 +151,7 @@ class LLM:
             if choice.finish_reason is not None:
                 continue  # its stop string was already seen
             choice.token_ids.append(reply.next_token)
+            output.cached_tokens = max(output.cached_tokens, reply.cached_tokens)
             if reply.logprob is not None:
                 choice.logprobs.append(reply.logprob)
             text = decoded.text if decoded else ""

@@ -57,6 +57,7 @@ class CacheManager:
         self._unreferenced: OrderedDict[int, None] = OrderedDict()
         self.query_tokens = 0  # prompt tokens looked up in the cache since start
         self.hit_tokens = 0  # of which found there
+        self.evicted_pages = 0  # cached pages freed to make room since start
 
     @property
     def available(self) -> int:
@@ -147,7 +148,7 @@ class CacheManager:
     def _allocate(self, n: int) -> list[int]:
         """n free pages, evicting cached ones, least recently used first, if needed."""
         short = n - self.allocator.available
-        while short > 0:
+        while short > 0 and self._unreferenced:  # else the allocator says it is out
             oldest = next(iter(self._unreferenced))
             freed = []
             for page in self.tree.remove(oldest):  # the page and what hangs under it
@@ -156,6 +157,7 @@ class CacheManager:
                     freed.append(page)
                 # else: a live sequence still holds it; it is freed when released
             self.allocator.free(freed)
+            self.evicted_pages += len(freed)
             short -= len(freed)
         return self.allocator.allocate(n)
 
