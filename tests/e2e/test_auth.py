@@ -1,8 +1,9 @@
 """The API key on the real server (tiny Llama with --api-key): every /v1 route answers 401
 invalid_api_key to a request without exactly `Authorization: Bearer <key>`, before its body
 is even parsed, keeping the client's X-Request-Id and never echoing the key; the right key
-is served, /health, /metrics and /debug/lifecycle stay open, each 401 is counted in
-/metrics as an error, and the key may come from MINISGL_API_KEY instead of the flag."""
+is served, /health, /metrics and /debug/lifecycle stay open (POST /debug/flush_cache does
+not), each 401 is counted in /metrics as an error, and the key may come from
+MINISGL_API_KEY instead of the flag."""
 
 from __future__ import annotations
 
@@ -65,6 +66,16 @@ def test_the_right_bearer_key_is_served_and_other_routes_stay_open(server):
     for path in ("/health", "/metrics", "/debug/lifecycle"):
         assert httpx.get(base + path, timeout=10).status_code == 200, path
     server.wait_zero(1.0)
+
+
+def test_flush_cache_is_an_admin_route_behind_the_key(server):
+    url = server.base_url + "/debug/flush_cache"
+    for path in (url, url + "/", url + "?x=1"):
+        r = httpx.post(path, timeout=10)
+        assert r.status_code == 401, (path, r.text)
+        assert_error_body(r.json(), "invalid_api_key")
+    r = httpx.post(url, headers=AUTH, timeout=30)
+    assert r.status_code == 200 and r.json()["flushed_pages"] >= 0, r.text
 
 
 def test_401_answers_are_counted_as_errors(server):
