@@ -6,8 +6,11 @@ the front).
 `schedule_next(budget, ...)` picks, in order, as many as fit under the token budget, the free
 table slots and the free pages, and sets each one's `extend_len`; a request that is only
 partly prefilled stays at the front; one preempted while its last sampled token was still
-on the device (overlap scheduling) waits until that token is known. `abort_req(uid)` removes a request wherever it is in the
-queue and returns it (all its choices), so the caller can free the slots and pages a
+on the device (overlap scheduling) waits until that token is known. With the prefix cache,
+a sequence first takes the longest cached prefix of its tokens, and one whose next page
+another sequence of the same step computes (the same prefix, arriving together) waits a
+step and then finds that page cached. `abort_req(uid)` removes a request wherever it is in
+the queue and returns it (all its choices), so the caller can free the slots and pages a
 partial prefill holds.
 """
 
@@ -68,6 +71,8 @@ class PrefillManager:
             if not req.pages and req.cached_len == 0:  # new, or preempted and back
                 # the longest cached prefix of its tokens is not recomputed
                 req.cached_tokens = min(cache.match(req), req.prompt_len)
+            if cache.tree is not None and any(_same_next_page(c, req, ps) for c in chosen):
+                continue  # its next page is computed in this step: next step, it is cached
             # room in the request's last page plus whole free pages it may take
             room = len(req.pages) * ps - req.cached_len + max(0, cache.available - keep_free) * ps
             chunk = min(budget, req.uncached_len, room)
@@ -86,3 +91,12 @@ class PrefillManager:
             if req.extend_len == req.uncached_len:
                 self.pending.remove(req)
         return chosen
+
+
+def _same_next_page(chosen: Req, req: Req, page_size: int) -> bool:
+    """Whether `chosen`'s chunk computes the page `req` needs next, for the same prefix:
+    two requests that share a system prompt arrive together, and the second should find
+    the first's pages in the cache rather than compute the prompt a second time."""
+    end = req.cached_len + page_size  # req's next page: [cached_len, end)
+    start, stop = chosen.cached_len, chosen.cached_len + chosen.extend_len
+    return start <= req.cached_len and stop >= end and chosen.token_ids[:end] == req.token_ids[:end]

@@ -87,8 +87,8 @@ def test_eviction_and_preemption_together_change_no_token(arch, tiny_dirs) -> No
     assert outs["radix"] == outs["none"]
 
 
-def test_a_cached_prefix_is_not_prefilled_again(tiny_dirs) -> None:
-    llm = _llm(tiny_dirs, "qwen3", "radix")
+def _count_prefill(llm: LLM) -> list[int]:
+    """Prompt tokens computed per step, recorded as the engine launches each step."""
     prefilled: list[int] = []
     launch = llm.engine.launch
 
@@ -97,6 +97,12 @@ def test_a_cached_prefix_is_not_prefilled_again(tiny_dirs) -> None:
         return launch(batch)
 
     llm.engine.launch = counting
+    return prefilled
+
+
+def test_a_cached_prefix_is_not_prefilled_again(tiny_dirs) -> None:
+    llm = _llm(tiny_dirs, "qwen3", "radix")
+    prefilled = _count_prefill(llm)
     (first,) = llm.generate([SYSTEM + TAILS[2]], GREEDY)
     first_prefill, prefilled[:] = sum(prefilled), []
     (second,) = llm.generate([SYSTEM + TAILS[3]], GREEDY)
@@ -109,6 +115,20 @@ def test_a_cached_prefix_is_not_prefilled_again(tiny_dirs) -> None:
     (turn,) = llm.generate([history + TAILS[4]], GREEDY)
     computed = len(SYSTEM + TAILS[2]) + len(first.token_ids) - 1  # the last was never fed
     assert turn.cached_tokens == computed // PS * PS
+
+
+@pytest.mark.parametrize("budget", [8192, 12], ids=["one_chunk", "chunked"])
+def test_requests_arriving_together_compute_their_shared_prefix_once(budget, tiny_dirs) -> None:
+    # four requests with the same 22-token prefix in one generate call: the first computes
+    # it, the others wait a step for its pages (20 tokens: five full pages) and reuse them
+    llm = _llm(tiny_dirs, "llama", "radix", max_prefill_tokens=budget)
+    prefilled = _count_prefill(llm)
+    prompts = [SYSTEM + t for t in TAILS[:4]]
+    outs = llm.generate(prompts, GREEDY)
+    assert sum(prefilled) == sum(len(p) for p in prompts) - 3 * 20
+    assert [o.cached_tokens for o in outs] == [0, 20, 20, 20]
+    off = _llm(tiny_dirs, "llama", "none", max_prefill_tokens=budget)
+    assert _tokens(outs) == _tokens(off.generate(prompts, GREEDY))
 
 
 @pytest.mark.parametrize("abort_at", [1, 3, 8], ids=lambda s: f"step{s}")
