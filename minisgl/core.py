@@ -125,7 +125,9 @@ class Req:
     extend_len: int = 0  # tokens this step feeds to the model (set by the managers)
     num_pending: int = 0  # sampled tokens not yet in token_ids (0 or 1)
     pages: list[int] = field(default_factory=list)  # KV pages held, in order (maybe shared)
-    cached_tokens: int = 0  # prompt tokens found in the prefix cache when it was prefilled
+    # prompt tokens found in the prefix cache when it was prefilled, until they are
+    # reported with its first token
+    cached_tokens: int = 0
     finish_reason: FinishReason | None = None
     ended: bool = False  # finished or aborted: a launched step's token for it is dropped
 

@@ -114,11 +114,12 @@ class StepInputBuilder:
         # S = 0: every row is a request that samples (a decode step)
         S = 0 if is_decode and len(sampling) == B else len(sampling)
 
-        # host: [ids T | positions T | slots rows | seq_lens rows | sample rows S | their
-        # requests S | token's request T (prefill steps)], one staging buffer
-        sizes = [T, T, rows, rows, S, S, 0 if is_decode else T]
+        # host: [ids T | positions T | each position's page column T and offset in the page
+        # T | slots rows | seq_lens rows | sample rows S | their requests S | token's request
+        # T (prefill steps)], one staging buffer
+        sizes = [T, T, T, T, rows, rows, S, S, 0 if is_decode else T]
         host = self.staging.host(sum(sizes), torch.int64)
-        ids, pos, slots, seq, s_rows, s_reqs, tok_req = _split(host, sizes)
+        ids, pos, page_col, page_off, slots, seq, s_rows, s_reqs, tok_req = _split(host, sizes)
         slots[:B] = [r.table_idx for r in reqs]
         slots[B:] = self.dummy_slot
         if is_decode:
@@ -143,18 +144,21 @@ class StepInputBuilder:
                 s_rows[:] = (starts + ext_np - 1)[sampling]
         if S:
             s_reqs[:] = sampling
+        ps = self.page_size
+        np.floor_divide(pos, ps, out=page_col)
+        np.remainder(pos, ps, out=page_off)
         pending = bool((ids < 0).any())  # rows whose token is still on the device
 
         # one copy to the device; everything else is derived there
         dev = self.staging.copy(host)
-        input_ids, positions, req_slots, seq_lens, sample_rows, sample_reqs, tok_req_d = (
-            torch.split(dev, sizes)
-        )
+        parts = torch.split(dev, sizes)
+        input_ids, positions, page_col, page_off, req_slots, seq_lens = parts[:6]
+        sample_rows, sample_reqs, tok_req_d = parts[6:]
         tok_slots = req_slots if is_decode else req_slots[tok_req_d]
         if pending:
             input_ids = torch.where(input_ids < 0, self.last_tokens[tok_slots], input_ids)
-        ps = self.page_size
-        out_slots = self.page_table[tok_slots, positions // ps].long() * ps + positions % ps
+        # the cache slot of each token: its page (from the page table) * page_size + offset
+        out_slots = torch.add(page_off, self.page_table[tok_slots, page_col], alpha=ps)
         seq_lens = seq_lens.to(torch.int32)
         sample_slots = req_slots[sample_reqs] if S else req_slots[:B]
 

@@ -69,8 +69,9 @@ class PrefillManager:
             if req.table_idx < 0 and table.available == 0:
                 break
             if not req.pages and req.cached_len == 0:  # new, or preempted and back
-                # the longest cached prefix of its tokens is not recomputed
-                req.cached_tokens = min(cache.match(req), req.prompt_len)
+                hit = cache.match(req)  # the longest cached prefix is not recomputed
+                if len(req.token_ids) == req.prompt_len:  # no token reported yet
+                    req.cached_tokens = hit
             if cache.tree is not None and any(_same_next_page(c, req, ps) for c in chosen):
                 continue  # its next page is computed in this step: next step, it is cached
             # room in the request's last page plus whole free pages it may take

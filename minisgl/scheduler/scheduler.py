@@ -260,18 +260,19 @@ class Scheduler:
             return None
         sampling = batch.sampling_reqs  # decided before cached_len moves
         handle = self.engine.launch(batch)
-        for req in batch.reqs:
+        for req in batch.reqs[: batch.decodes]:  # one token each, sampled; already running
+            req.cached_len += 1
+            req.extend_len = 0
+            req.num_pending += 1  # its token is on the device until finish_step
+        for req in batch.reqs[batch.decodes :]:  # prefill chunks
             req.cached_len += req.extend_len
             req.extend_len = 0
-        for req in batch.reqs[batch.decodes :]:  # prefill chunks: their full pages can be
-            self.cache_manager.insert(req)  # shared from the next step on
-        running = self.decode_manager.running
-        for req in sampling:
-            req.num_pending += 1  # its token is on the device until finish_step
-            if req.forks_left:  # its prompt is cached (once the step ran): the others start
+            self.cache_manager.insert(req)  # its full pages are shared from the next step on
+        for req in sampling[batch.decodes :]:  # prompts cached by this step: they decode
+            req.num_pending += 1
+            if req.forks_left:  # the request's other choices start from its pages
                 self._fork(req)
-            if (req.uid, req.index) not in running:  # (req.key)
-                self.decode_manager.add_req(req)  # its prompt is now cached: it decodes
+            self.decode_manager.add_req(req)  # it left the prefill manager with this chunk
         return _Launched(sampling, handle)
 
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
@@ -283,17 +284,10 @@ class Scheduler:
             if req.ended:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
-            first = len(req.token_ids) == req.prompt_len + 1  # the usage's cached_tokens
-            replies.append(
-                DetokenizeMsg(
-                    req.uid,
-                    token,
-                    req.finish_reason,
-                    req.index,
-                    logprob,
-                    req.cached_tokens if first else 0,
-                )
-            )
+            reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)
+            if req.cached_tokens:  # reported once, with its first token (for usage)
+                reply.cached_tokens, req.cached_tokens = req.cached_tokens, 0
+            replies.append(reply)
             if req.finish_reason is not None:
                 self._end(req)
         return replies
