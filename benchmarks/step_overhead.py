@@ -20,7 +20,8 @@ loop as `Scheduler.run_forever` runs it (receive, then `step()`), driven here in
   wait for it and `tolist()`);
 - post: the rest of `Scheduler.launch_step` and `Scheduler.finish_step`: advancing
   `cached_len`, appending tokens, building the `DetokenizeMsg` replies, freeing finished
-  requests (all B finish on the last timed step);
+  requests and offering their pages to the prefix cache (all B finish on the last timed
+  step; each run starts with the cache empty, as a pool with every page free);
 - other: the step's wall time less all of the above (loop bookkeeping, the timers).
 
 Each timed step is one `Scheduler.advance()`, as the process loop runs it: with overlap
@@ -181,6 +182,10 @@ def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, 
     from minisgl.core import SamplingParams
     from minisgl.message import UserMsg
 
+    # Every run starts with all pages free: the prefix cache would otherwise still hold the
+    # pages of the previous run's sequences (nothing here shares a prefix), and evicting
+    # them as this run grows would be counted in its steps.
+    scheduler.flush_cache()
     rng = random.Random(seed)
     vocab = scheduler.engine.model_config.vocab_size
     # the first token comes from the prefill; all B finish on the last timed step
