@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.lib.stride_tricks import sliding_window_view
 
 from .base import AttentionBackend, ForwardInfo
 
@@ -96,9 +97,21 @@ class TorchBackend(AttentionBackend):
         tail = lens[:, None] + np.arange(ps - 1)  # (B, ps - 1) candidates
         tail = (tail + L * np.arange(B)[:, None])[tail < ends[:, None]]
         # An additive mask, built once per step: SDPA turns a boolean one into this per call.
-        bias = np.where(np.arange(L) >= lens[:, None], np.float32("-inf"), np.float32(0))
-        bias = to_device(bias).to(self.pool.k.dtype).view(B, 1, 1, L)
+        bias = to_device(self._bias_rows(lens, L)).to(self.pool.k.dtype).view(B, 1, 1, L)
         return _DecodeRows(None, pages, to_device(tail), bias)
+
+    _bias_source = np.zeros(0, dtype=np.float32)
+
+    def _bias_rows(self, lens: np.ndarray, L: int) -> np.ndarray:
+        """(B, L) float32: row b is 0 at the first lens[b] positions, -inf after. Each row is
+        a window of one [0] * M + [-inf] * M source (M >= L), copied out in one gather."""
+        M = len(self._bias_source) // 2
+        if M < L:
+            M = max(L, 2 * M, 256)
+            self._bias_source = np.concatenate(
+                [np.zeros(M, np.float32), np.full(M, -np.inf, np.float32)]
+            )
+        return sliding_window_view(self._bias_source, L)[M - lens]
 
     def _gather(self, cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
         """(..., P) page ids -> (..., P * page_size, Hkv, D) keys (or values), in order."""
