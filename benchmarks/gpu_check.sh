@@ -2,7 +2,7 @@
 # One run on a machine with one NVIDIA GPU and no network (e.g. the device tool's H200),
 # in under 8 minutes: install the wheels carried in .whl/ (`make gpu-wheels` fetches them
 # here), run the `gpu` tests, batch-1 decode latency, host time per decode step with and
-# without overlap scheduling, and the offline benchmark at full
+# without overlap scheduling, the prefix cache off and on, and the offline benchmark at full
 # size for our engine and for transformers' continuous batching; write a results table.
 #
 #   bash benchmarks/gpu_check.sh            # results in $OUT (or ./gpu-results)
@@ -29,6 +29,8 @@ for mode in --overlap --disable-overlap-schedule; do
   timeout 60 python3 benchmarks/step_overhead.py --device cuda "$mode" --steps 16 \
     --json "$OUT/step_overhead${mode//-/_}.json" 2>&1 | tee -a "$OUT/step_overhead.log"
 done
+timeout 90 python3 benchmarks/prefix_cache.py --config qwen3-0.6b --repeat 1 \
+  --json "$OUT/prefix_cache.json" 2>&1 | tee "$OUT/prefix_cache.log"
 left=$((470 - ($(date +%s) - start)))
 timeout "$left" python3 benchmarks/offline.py --config qwen3-0.6b --dummy-weights \
   --baseline transformers-cb --json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log"

@@ -28,6 +28,14 @@ def main(folder: str) -> int:
             f"| batch-1 decode, prompt {d['prompt_len']} | first token {d['ttft_ms']:.1f} ms "
             f"| {d['ms_per_token']:.3f} ms/token |"
         )
+    if (out / "prefix_cache.json").exists():
+        d = json.loads((out / "prefix_cache.json").read_text())
+        ttft = d["mean_ttft_s"]
+        rows.append(
+            f"| prefix cache, {d['args']['num_seqs']} requests sharing "
+            f"{d['args']['system_len']} tokens | mean TTFT {ttft['none']:.3f} s off, "
+            f"{ttft['radix']:.3f} s on | {d['ttft_ratio']:.1f}x |"
+        )
     print(f"Machine: {gpu}\n")
     print("| measurement | detail | figure |\n| --- | --- | --- |")
     print("\n".join(rows) if rows else "| (no results) | | |")
