@@ -132,8 +132,8 @@ def create_app(
     def frontend() -> FrontendManager:
         return app.state.frontend
 
-    def unknown_model(model: str) -> Response | None:
-        if model == model_name:
+    def unknown_model(model: str | None) -> Response | None:
+        if model is None or model == model_name:  # None: omitted, the served one
             return None
         metrics.on_rejected("model_not_found")
         message = f"the model {model!r} does not exist; this server serves {model_name!r}"

@@ -64,7 +64,7 @@ class ResponseFormat(_Strict):
 class _SamplingFields(_Strict):
     """Parameters shared by both endpoints."""
 
-    model: str
+    model: str | None = None  # omitted: the served model (as vLLM and llama.cpp allow)
     max_tokens: Count | None = None
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

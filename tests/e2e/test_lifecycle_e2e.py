@@ -180,6 +180,16 @@ def test_unknown_model_is_404(server, stream):
     assert error["param"] == "model"
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_an_omitted_model_means_the_served_one(server, path):
+    body = {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
+    r = httpx.post(server.base_url + path, json={**body, "max_tokens": 2}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == server.model_name
+    r = httpx.post(server.base_url + path, json={**body, "model": None}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
 BAD_BODIES = {
     "malformed_json": (b'{"model": "m", "messages": [', None),
     "not_an_object": (b"[1, 2, 3]", None),
