@@ -2,7 +2,8 @@
 
 The first token (prefill) is excluded: the figure is (time of the last token - time of the
 first) / (tokens - 1), read from the offline API's stream as tokens are produced. On CUDA
-each token's time includes the host round trip, as a user sees it.
+each token's time includes the host round trip, as a user sees it. Every run starts with
+the prefix cache empty, so the first token is always a full prefill of the prompt.
 
     python benchmarks/decode_latency.py --config qwen3-0.6b --dummy-weights      # a GPU
     python benchmarks/decode_latency.py --prompt-len 128 --output-len 32         # the CPU model
@@ -22,6 +23,7 @@ from minisgl import LLM, SamplingParams
 
 def measure(llm: LLM, prompt: list[int], output_len: int) -> tuple[float, float]:
     """(seconds to the first token, seconds per later token) for one request."""
+    llm.scheduler.flush_cache()  # the same prompt every run: its first token is a prefill
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)
     stamps: list[float] = []
     start = time.perf_counter()
