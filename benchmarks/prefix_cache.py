@@ -74,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     resolve_model(p, args)
     prompts = workload(args)
     warm = [[7] * 64]
+    max_seq_len = args.system_len + args.unique_len + args.output_len + 16
+    # both engines in one process: each gets a pool sized for the workload (pages of 16),
+    # not a share of the free memory, which the first one would take almost all of
+    num_pages = 2 * args.num_seqs * (-(-max_seq_len // 16) + 1)
     llms = {
         mode: LLM(
             model=args.model,
@@ -81,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
             dtype=args.dtype,
             dummy_weights=args.dummy_weights,
             prefix_cache=mode,
-            max_seq_len=args.system_len + args.unique_len + args.output_len + 16,
+            max_seq_len=max_seq_len,
             max_running_requests=max(args.num_seqs, 16),
-        )  # fmt: skip
+            page_size=16,
+            num_pages=num_pages,
+        )
         for mode in ("none", "radix")
     }
     if args.dummy_weights:  # the same random weights in both engines
