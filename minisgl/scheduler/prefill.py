@@ -73,7 +73,11 @@ class PrefillManager:
                 if len(req.token_ids) == req.prompt_len:  # no token reported yet
                     req.cached_tokens = hit
             if cache.tree is not None and any(_same_next_page(c, req, ps) for c in chosen):
-                continue  # its next page is computed in this step: next step, it is cached
+                # its next page is computed in this step: next step it is cached, and the
+                # sequence matches again from scratch, that page included
+                cache.release(req)
+                req.cached_len = 0
+                continue
             # room in the request's last page plus whole free pages it may take
             room = len(req.pages) * ps - req.cached_len + max(0, cache.available - keep_free) * ps
             chunk = min(budget, req.uncached_len, room)
@@ -99,5 +103,7 @@ def _same_next_page(chosen: Req, req: Req, page_size: int) -> bool:
     two requests that share a system prompt arrive together, and the second should find
     the first's pages in the cache rather than compute the prompt a second time."""
     end = req.cached_len + page_size  # req's next page: [cached_len, end)
+    if end > (len(req.token_ids) - 1) // page_size * page_size:
+        return False  # it holds req's last token: req computes it anyway
     start, stop = chosen.cached_len, chosen.cached_len + chosen.extend_len
     return start <= req.cached_len and stop >= end and chosen.token_ids[:end] == req.token_ids[:end]

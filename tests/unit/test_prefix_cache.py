@@ -127,6 +127,13 @@ def test_requests_arriving_together_compute_their_shared_prefix_once(budget, tin
     outs = llm.generate(prompts, GREEDY)
     assert sum(prefilled) == sum(len(p) for p in prompts) - 3 * 20
     assert [o.cached_tokens for o in outs] == [0, 20, 20, 20]
+    # the same with the first two pages cached already: the later ones wait, then reuse all
+    llm.scheduler.flush_cache()
+    llm.generate([SYSTEM[:9]], GREEDY)  # caches SYSTEM[:8]
+    prefilled[:] = []
+    outs = llm.generate(prompts, GREEDY)
+    assert [o.cached_tokens for o in outs] == [8, 20, 20, 20]
+    assert sum(prefilled) == sum(len(p) for p in prompts) - 8 - 3 * 20
     off = _llm(tiny_dirs, "llama", "none", max_prefill_tokens=budget)
     assert _tokens(outs) == _tokens(off.generate(prompts, GREEDY))
 
