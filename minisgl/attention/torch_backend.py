@@ -100,18 +100,21 @@ class TorchBackend(AttentionBackend):
         bias = to_device(self._bias_rows(lens, L)).to(self.pool.k.dtype).view(B, 1, 1, L)
         return _DecodeRows(None, pages, to_device(tail), bias)
 
-    _bias_source = np.zeros(0, dtype=np.float32)
+    _bias_half = 0  # M: the source row is [0] * M + [-inf] * M
+    _bias_windows: dict[int, np.ndarray] | None = None  # L -> its (M + 1, L) window view
 
     def _bias_rows(self, lens: np.ndarray, L: int) -> np.ndarray:
         """(B, L) float32: row b is 0 at the first lens[b] positions, -inf after. Each row is
-        a window of one [0] * M + [-inf] * M source (M >= L), copied out in one gather."""
-        M = len(self._bias_source) // 2
-        if M < L:
-            M = max(L, 2 * M, 256)
-            self._bias_source = np.concatenate(
-                [np.zeros(M, np.float32), np.full(M, -np.inf, np.float32)]
-            )
-        return sliding_window_view(self._bias_source, L)[M - lens]
+        a window of one [0] * M + [-inf] * M source row (M >= L), copied out in one gather;
+        the window views are made once per L (making one costs more than the gather)."""
+        if self._bias_half < L:
+            M = self._bias_half = max(L, 2 * self._bias_half, 256)
+            source = np.concatenate([np.zeros(M, np.float32), np.full(M, -np.inf, np.float32)])
+            self._bias_source, self._bias_windows = source, {}
+        windows = self._bias_windows.get(L)
+        if windows is None:
+            windows = self._bias_windows[L] = sliding_window_view(self._bias_source, L)
+        return windows[self._bias_half - lens]
 
     def _gather(self, cache: torch.Tensor, pages: torch.Tensor) -> torch.Tensor:
         """(..., P) page ids -> (..., P * page_size, Hkv, D) keys (or values), in order."""
