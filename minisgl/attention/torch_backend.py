@@ -80,7 +80,7 @@ class TorchBackend(AttentionBackend):
         ps, device = self.pool.page_size, table.device
         num_pages = -(-lens // ps)
         ends = num_pages * ps  # (B,) the end of each request's last page
-        B, P = len(lens), int(num_pages.max())
+        B, P = len(lens), table.shape[1]  # the longest request's pages, or more (padding)
         L = P * ps
 
         def to_device(a: np.ndarray) -> torch.Tensor:

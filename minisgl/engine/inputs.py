@@ -122,24 +122,32 @@ class StepInputBuilder:
         ids, pos, page_col, page_off, slots, seq, s_rows, s_reqs, tok_req = _split(host, sizes)
         slots[:B] = [r.table_idx for r in reqs]
         slots[B:] = self.dummy_slot
+        # (builtins on lists here, not numpy's methods: in a step, between torch ops, each
+        # numpy method call measured tens of microseconds, several times its cost alone)
         if is_decode:
-            ids[:B] = [-1 if r.num_pending else r.token_ids[r.cached_len] for r in reqs]
+            tokens = [-1 if r.num_pending else r.token_ids[r.cached_len] for r in reqs]
+            pending = -1 in tokens  # rows whose token is still on the device
+            ids[:B] = tokens
             ids[B:] = 0
             pos[:B] = cached
             pos[B:] = 0
             seq[:B] = pos[:B] + 1
             seq[B:] = 1
+            longest = max(cached, default=0) + 1
         else:
+            pending = False
             ext_np, cached_np = np.array(ext), np.array(cached)
             starts = np.cumsum(ext_np) - ext_np
             for r, k, off in zip(reqs, ext, starts.tolist()):
                 if r.num_pending:  # only a decode row can wait for its token
                     ids[off] = -1
+                    pending = True
                 else:
                     ids[off : off + k] = r.token_ids[r.cached_len : r.cached_len + k]
             tok_req[:] = np.repeat(np.arange(B), ext_np)
             pos[:] = np.arange(T) + (cached_np - starts)[tok_req]
             seq[:] = cached_np + ext_np
+            longest = max(c + k for c, k in zip(cached, ext))
             if S:
                 s_rows[:] = (starts + ext_np - 1)[sampling]
         if S:
@@ -147,7 +155,6 @@ class StepInputBuilder:
         ps = self.page_size
         np.floor_divide(pos, ps, out=page_col)
         np.remainder(pos, ps, out=page_off)
-        pending = bool((ids < 0).any())  # rows whose token is still on the device
 
         # one copy to the device; everything else is derived there
         dev = self.staging.copy(host)
@@ -172,7 +179,7 @@ class StepInputBuilder:
             torch.index_select(self.page_table, 0, req_slots, out=buf.block_table[:rows])
             info, input_ids = buf.info(rows), buf.input_ids[:rows]
         else:
-            P = -(-int(seq.max()) // ps) if B else 0
+            P = -(-longest // ps) if B else 0
             info = ForwardInfo(
                 positions=positions,
                 out_slots=out_slots,
