@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Any, Literal
 
 FinishReason = Literal["stop", "length"]
 
@@ -53,6 +53,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides (or multiplies) logits of seen tokens
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's and k alternatives
+    # the output is one JSON value valid against this JSON schema (given as JSON text)
+    json_schema: str | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -128,6 +130,7 @@ class Req:
     # prompt tokens found in the prefix cache when it was prefilled, until they are
     # reported with its first token
     cached_tokens: int = 0
+    matcher: Any = None  # grammar state (engine/grammar.py) when the output is constrained
     finish_reason: FinishReason | None = None
     ended: bool = False  # finished or aborted: a launched step's token for it is dropped
 
@@ -177,6 +180,7 @@ class Req:
             and p.min_tokens == 0
             and not p.has_penalties
             and p.logprobs is None
+            and self.matcher is None
         )
 
     def append_token(self, token: int) -> None:

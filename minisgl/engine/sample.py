@@ -27,12 +27,14 @@ and no processor applies.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from minisgl.core import Req
 from minisgl.message import TokenLogprob
 
+from . import grammar
 from .logits import LogitsProcessors, PenaltyState
 from .staging import Staging
 
@@ -110,6 +112,7 @@ class SamplingArgs:
     top_p: torch.Tensor | None = None  # (B, 1) float32, 1.0 where off
     seeds: torch.Tensor | None = None  # (B,) int64
     steps: torch.Tensor | None = None  # (B,) int64: output index being sampled
+    grammar_rows: list[tuple[int, Any]] | None = None  # (row, matcher) of constrained rows
 
 
 @dataclass
@@ -151,8 +154,10 @@ class Sampler:
             return SamplingArgs(True)
         params = [r.sampling_params for r in reqs]
         processors = LogitsProcessors.prepare(reqs, self.staging, self.penalties)
+        grammar_rows = [(i, r.matcher) for i, r in enumerate(reqs) if r.matcher is not None]
         logprob_rows = [(i, p.logprobs) for i, p in enumerate(params) if p.logprobs is not None]
         args = SamplingArgs(all(p.is_greedy for p in params), processors)
+        args.grammar_rows = grammar_rows or None
         if logprob_rows:
             args.logprob_rows = logprob_rows
             args.logprob_index = self._tensor([i for i, _ in logprob_rows], torch.int64)
@@ -182,6 +187,9 @@ class Sampler:
         x = logits
         if args.processors is not None:
             x = args.processors.apply(logits.clone())
+        if args.grammar_rows is not None:  # last: nothing may unmask a token again
+            x = x.clone() if x is logits else x
+            grammar.mask(x, args.grammar_rows, self.staging)
         greedy = greedy_tokens(x)
         tokens = greedy
         if not args.greedy_only:

@@ -44,7 +44,13 @@ class DecodeManager:
         # a sequence whose pending token is its last (by length) has nothing left to run
         # (Req.seq_len and CacheManager.pages_needed inlined: this runs for every request
         # of every step)
-        reqs = [r for r in self.running.values() if len(r.token_ids) + r.num_pending < r.max_len]
+        # a constrained sequence waits for its pending token: its next mask depends on it
+        reqs = [
+            r
+            for r in self.running.values()
+            if len(r.token_ids) + r.num_pending < r.max_len
+            and not (r.num_pending and r.matcher is not None)
+        ]
         ps = cache.page_size
         needs = [max(0, r.cached_len // ps + 1 - len(r.pages)) for r in reqs]  # 0 or 1 each
         needed = sum(needs)

@@ -37,6 +37,7 @@ from typing import Protocol
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.engine import Engine, StepHandle
+from minisgl.engine.grammar import GrammarError, Grammars, advance
 from minisgl.message import (
     AbortBackendMsg,
     BackendErrorMsg,
@@ -86,6 +87,7 @@ class Scheduler:
         self.prefill_manager = PrefillManager()
         self.decode_manager = DecodeManager()
         self.eos_token_ids = engine.model_config.eos_token_ids
+        self.grammars = Grammars(engine.model_dir, engine.model_config.vocab_size)
         self._seeds = random.SystemRandom()
         self.num_preemptions = 0  # requests evicted for recompute since start
         overlap = self.config.overlap_schedule
@@ -112,6 +114,11 @@ class Scheduler:
             "prefix_cache_nodes": self.cache_manager.nodes,
             "prefix_cache_query_tokens": self.cache_manager.query_tokens,
             "prefix_cache_hit_tokens": self.cache_manager.hit_tokens,
+            # sequences whose output a grammar constrains (each holds a matcher)
+            "grammar_matchers": sum(
+                r.matcher is not None
+                for r in (*self.prefill_manager.pending, *self.decode_manager.running.values())
+            ),
         }
 
     def process_msg(self, msg: BackendMsg) -> list[TokenizerMsg]:
@@ -152,6 +159,12 @@ class Scheduler:
                 where = field or "the prompt"
                 message = f"{where}: token ids must be in [0, {vocab})"
                 return _error(msg, ErrorKind.INVALID_TOKEN_ID, message, field)
+        matcher = None
+        if params.json_schema is not None:
+            try:
+                matcher = self.grammars.matcher(params.json_schema)
+            except GrammarError as e:
+                return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, str(e), "json_schema")
         # more than the room left is clamped; hitting the clamp is finish_reason "length"
         room = max_seq_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -164,6 +177,7 @@ class Scheduler:
             seed=self._seed_for(params, 0),
             eos_token_ids=self.eos_token_ids,
             forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
+            matcher=matcher,
         )
         self.prefill_manager.add_req(req)
         return None
@@ -183,6 +197,7 @@ class Scheduler:
         page_size tokens, into a page of its own: that position's output is what the
         choice samples its first token from), then decodes on its own."""
         shared = (first.prompt_len - 1) // self.cache_manager.page_size
+        schema = first.sampling_params.json_schema
         children = []
         for index in range(1, first.forks_left + 1):
             child = Req(
@@ -194,6 +209,7 @@ class Scheduler:
                 seed=self._seed_for(first.sampling_params, index),
                 eos_token_ids=first.eos_token_ids,
                 index=index,
+                matcher=None if first.matcher is None else self.grammars.matcher(schema),
             )
             self.cache_manager.share(first, child, shared)
             child.cached_len = shared * self.cache_manager.page_size
@@ -284,6 +300,8 @@ class Scheduler:
             if req.ended:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
+            if req.matcher is not None:
+                advance(req.matcher, token)
             reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)
             if req.cached_tokens:  # reported once, with its first token (for usage)
                 reply.cached_tokens, req.cached_tokens = req.cached_tokens, 0

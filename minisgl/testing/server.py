@@ -23,7 +23,13 @@ from minisgl.models.default_model import DEFAULT_MODEL_NAME
 
 ZERO_FRONTEND = {"requests": 0, "pending_bytes": 0}
 ZERO_TOKENIZER = {"decode_states": 0}
-ZERO_SCHEDULER = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
+ZERO_SCHEDULER = {
+    "pending": 0,
+    "running": 0,
+    "table_slots_used": 0,
+    "kv_pages_used": 0,
+    "grammar_matchers": 0,
+}
 
 
 def free_port() -> int:

@@ -179,6 +179,7 @@ def test_a_state_query_is_answered_with_live_counts(sched) -> None:
         **live,
         "prefix_cache_query_tokens": 0,
         "prefix_cache_hit_tokens": 0,
+        "grammar_matchers": 0,
     }
     assert states[1]["kv_pages_cached"] == states[1]["prefix_cache_nodes"] == 0
     assert states[2]["running"] == 1 and states[2]["table_slots_used"] == 1
