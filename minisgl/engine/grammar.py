@@ -51,18 +51,36 @@ class Grammars:
 
         grammar = self._compiled.get(schema)
         if grammar is None:
-            try:
-                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema)
-            except Exception as e:  # not JSON, or not a schema at all
-                raise GrammarError(f"not a usable JSON schema: {e}") from None
-            problem = llguidance.LLMatcher.validate_grammar(grammar)
-            if problem:
-                raise GrammarError(f"not a usable JSON schema: {problem}")
-            self._compiled[schema] = grammar
+            grammar = self._compiled[schema] = compile_schema(schema)
         matcher = llguidance.LLMatcher(self._token_table(), grammar)
         if matcher.is_error():
             raise GrammarError(f"not a usable JSON schema: {matcher.get_error()}")
         return matcher
+
+
+def compile_schema(schema: str) -> str:
+    """`schema` (JSON text) as an llguidance grammar, or GrammarError. Needs no tokenizer:
+    the tokenizer worker checks a request's schema with it before the scheduler sees it.
+    Whitespace between tokens is compact unless the schema's "x-guidance" says otherwise
+    (a small model left free to add whitespace can add it until max_tokens)."""
+    import json
+
+    import llguidance
+
+    try:
+        parsed = json.loads(schema)
+    except ValueError as e:
+        raise GrammarError(f"not a usable JSON schema: not JSON ({e})") from None
+    if isinstance(parsed, dict) and "x-guidance" not in parsed:
+        parsed = {**parsed, "x-guidance": {"whitespace_flexible": False}}
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(parsed))
+    except Exception as e:  # not a schema at all
+        raise GrammarError(f"not a usable JSON schema: {e}") from None
+    problem = llguidance.LLMatcher.validate_grammar(grammar)
+    if problem:
+        raise GrammarError(f"not a usable JSON schema: {problem}")
+    return grammar
 
 
 def mask(logits: torch.Tensor, rows: list[tuple[int, object]], staging: Staging) -> None:

@@ -9,7 +9,8 @@ ignore_eos, stop_token_ids, repetition_penalty.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import json
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -57,8 +58,35 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the output always follows the schema either way
+
+
 class ResponseFormat(_Strict):
-    type: Literal["text"]  # json_object / json_schema would need constrained decoding
+    """`text`, `json_object` (any JSON object) or `json_schema` (one JSON value valid
+    against `json_schema.schema`): decoding is constrained by a grammar compiled from it."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ParamError("response_format", "json_schema goes with type json_schema only")
+        return self
+
+    def schema_text(self) -> str | None:
+        """The schema the output must follow, as JSON text (None: free text)."""
+        if self.type == "json_object":
+            return '{"type": "object"}'
+        if self.type == "json_schema":
+            return json.dumps(self.json_schema.schema_)
+        return None
 
 
 class _SamplingFields(_Strict):
@@ -83,6 +111,7 @@ class _SamplingFields(_Strict):
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _check(self):
@@ -115,6 +144,7 @@ class _SamplingFields(_Strict):
             repetition_penalty=self.repetition_penalty,
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             logprobs=logprobs,
+            json_schema=self.response_format.schema_text() if self.response_format else None,
         )
 
 
@@ -124,7 +154,6 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Count | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _check_chat(self):

@@ -105,8 +105,17 @@ class TokenizerWorker:
             error = ErrorInfo(ErrorKind.INVALID_PROMPT, f"cannot tokenize the prompt: {exc}")
             to_frontend.append(UserReply(msg.uid, finished=True, error=error))
             return []
-        # the decode state is created here, with the prompt, never by a first token
         params = msg.sampling_params
+        if params.json_schema is not None:  # refused here, before the scheduler sees it
+            from minisgl.engine.grammar import GrammarError, compile_schema  # (imports torch)
+
+            try:
+                compile_schema(params.json_schema)
+            except GrammarError as exc:
+                error = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(exc), "response_format")
+                to_frontend.append(UserReply(msg.uid, finished=True, error=error))
+                return []
+        # the decode state is created here, with the prompt, never by a first token
         echo = ""
         if msg.echo:
             echo = (

@@ -48,8 +48,7 @@ PROMPTS = [[(i * 37 + j * 11) % 500 + 3 for j in range(5 + 7 * i)] for i in rang
 
 
 def _params(schema: dict, **kw) -> SamplingParams:
-    compact = {**schema, "x-guidance": {"whitespace_flexible": False}}
-    return SamplingParams(json_schema=json.dumps(compact), max_tokens=64, **kw)
+    return SamplingParams(json_schema=json.dumps(schema), max_tokens=64, **kw)
 
 
 def _check(llm: LLM, outs, schemas) -> None:

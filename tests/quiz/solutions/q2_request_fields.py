@@ -26,5 +26,5 @@ def frontend_only_fields() -> set[str]:
         "stream",  # picks StreamResponse or FullResponse
         "stream_options",  # include_usage: one more chunk at the end of the stream
         "user",  # logged with the request
-        "response_format",  # only {"type": "text"} is accepted, which asks for nothing
+        "response_format",  # {"type": "text"} asks for nothing (a schema would constrain)
     }
