@@ -1,5 +1,6 @@
 """The embedded default model (SmolLM2-135M-Instruct, real weights) behind the real server:
-the chapter's request works streamed and not, and greedy answers make sense."""
+the chapter's request works streamed and not, greedy answers make sense, and structured
+output follows five kinds of schema (greedy and sampled, streamed or not) and `parse`."""
 
 from __future__ import annotations
 
@@ -54,3 +55,99 @@ def test_capital_of_france_is_paris_via_the_openai_client(server, client):
         temperature=0,
     )
     assert "Paris" in resp.choices[0].message.content
+
+
+# ---------------------------------------------------------------- structured output
+# five kinds of schema, every string bounded: a free string could run to max_tokens
+STRUCTURED = {
+    "nested_objects": {
+        "type": "object",
+        "properties": {
+            "person": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 12},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                },
+                "required": ["name", "age"],
+                "additionalProperties": False,
+            }
+        },
+        "required": ["person"],
+        "additionalProperties": False,
+    },
+    "array": {"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 9},
+              "minItems": 1, "maxItems": 4},
+    "enum": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+             "required": ["color"], "additionalProperties": False},
+    "bounded_numbers": {
+        "type": "object",
+        "properties": {
+            "celsius": {"type": "integer", "minimum": -50, "maximum": 60},
+            "ratio": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+        "required": ["celsius", "ratio"],
+        "additionalProperties": False,
+    },
+    "optional_fields": {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 20},
+            "note": {"type": "string", "maxLength": 10},
+        },
+        "required": ["title"],
+        "additionalProperties": False,
+    },
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("kind", list(STRUCTURED))
+def test_structured_output_follows_the_schema(server, client, kind, temperature, stream):
+    import json
+
+    import jsonschema
+
+    schema = STRUCTURED[kind]
+    params = dict(
+        model=server.model_name,
+        messages=[{"role": "user", "content": f"Answer in JSON: an example of {kind}."}],
+        max_tokens=160,
+        temperature=temperature,
+        seed=5,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": kind, "schema": schema, "strict": True},
+        },
+    )
+    if stream:
+        chunks = list(client.chat.completions.create(**params, stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = next(c.choices[0].finish_reason for c in reversed(chunks) if c.choices)
+    else:
+        choice = client.chat.completions.create(**params).choices[0]
+        text, finish = choice.message.content, choice.finish_reason
+    assert finish == "stop", (text, finish)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_parse_with_a_pydantic_model(server, client):
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=16)
+        country: Literal["France", "Italy", "Spain"]
+        population_millions: int = Field(ge=0, le=40)
+
+    completion = client.beta.chat.completions.parse(
+        model=server.model_name,
+        messages=[{"role": "user", "content": "Describe the capital of France."}],
+        max_tokens=120,
+        temperature=0,
+        response_format=City,
+    )
+    city = completion.choices[0].message.parsed
+    assert isinstance(city, City) and completion.choices[0].finish_reason == "stop"

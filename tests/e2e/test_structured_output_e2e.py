@@ -77,3 +77,24 @@ def test_a_schema_that_cannot_compile_is_a_400_naming_response_format(server, cl
         )  # fmt: skip
     error = info.value.body
     assert error["param"] == "response_format" and "schema" in error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
+def test_a_disconnect_mid_way_leaves_nothing_behind(server, stream):
+    # a long constrained answer (an array of 400 to 500 digits: seconds of decoding),
+    # dropped after its start
+    schema = {"type": "array", "items": {"enum": [1, 2, 3]}, "minItems": 400, "maxItems": 500}
+    body = {
+        "model": server.model_name, "messages": MESSAGES, "max_tokens": 1500, "stream": stream,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    }  # fmt: skip
+    url = server.base_url + "/v1/chat/completions"
+    if stream:
+        with httpx.stream("POST", url, json=body, timeout=60) as r:
+            assert r.status_code == 200
+            next(r.iter_raw())  # the first chunk, then the client goes away
+    else:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(url, json=body, timeout=0.3)
+    assert server.lifecycle()["scheduler"]["grammar_matchers"] <= 1
+    server.wait_zero(5.0)
