@@ -157,11 +157,6 @@ class Req:
     def uncached_len(self) -> int:
         return self.seq_len - self.cached_len
 
-    @property
-    def samples_this_step(self) -> bool:
-        """Whether this step's last token is the end of what is known, so a token is sampled."""
-        return self.cached_len + self.extend_len == self.seq_len
-
     @cached_property
     def stop_token_set(self) -> frozenset[int]:
         """Tokens that end the sequence (once min_tokens are out)."""
@@ -217,8 +212,8 @@ class Batch:
         self.reqs, self.decodes = reqs, decodes
         rest = reqs[decodes:]
         self.is_decode = all(r.extend_len == 1 for r in rest)
-        # indices into reqs of the sequences whose step ends where their tokens end
-        # (Req.samples_this_step, inlined: this runs for every request of every step)
+        # indices into reqs of the sequences that sample: their step ends where their known
+        # tokens (the pending one included) end
         self.sampling_rows = list(range(decodes)) + [
             i
             for i, r in enumerate(rest, decodes)

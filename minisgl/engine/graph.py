@@ -63,7 +63,7 @@ class DecodeGraphRunner:
         return (
             len(batch.reqs) <= self.max_bs
             and batch.is_decode
-            and all(r.samples_this_step for r in batch.reqs)
+            and len(batch.sampling_rows) == len(batch.reqs)  # read once, by the batch
         )
 
     def bucket(self, n: int) -> int:
