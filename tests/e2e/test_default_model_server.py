@@ -4,9 +4,14 @@ output follows five kinds of schema (greedy and sampled, streamed or not) and `p
 
 from __future__ import annotations
 
+import json
+from typing import Literal
+
 import httpx
+import jsonschema
 import pytest
 from e2e_helpers import SSE_DONE, ServerSpec, chat_body, chat_url, chunk_text, sse_chunks
+from pydantic import BaseModel, Field
 
 CHAPTER_PROMPT = "什么是 KV Cache？"
 
@@ -105,10 +110,6 @@ STRUCTURED = {
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("kind", list(STRUCTURED))
 def test_structured_output_follows_the_schema(server, client, kind, temperature, stream):
-    import json
-
-    import jsonschema
-
     schema = STRUCTURED[kind]
     params = dict(
         model=server.model_name,
@@ -132,16 +133,13 @@ def test_structured_output_follows_the_schema(server, client, kind, temperature,
     jsonschema.validate(json.loads(text), schema)
 
 
+class City(BaseModel):
+    name: str = Field(max_length=16)
+    country: Literal["France", "Italy", "Spain"]
+    population_millions: int = Field(ge=0, le=40)
+
+
 def test_parse_with_a_pydantic_model(server, client):
-    from typing import Literal
-
-    from pydantic import BaseModel, Field
-
-    class City(BaseModel):
-        name: str = Field(max_length=16)
-        country: Literal["France", "Italy", "Spain"]
-        population_millions: int = Field(ge=0, le=40)
-
     completion = client.beta.chat.completions.parse(
         model=server.model_name,
         messages=[{"role": "user", "content": "Describe the capital of France."}],
