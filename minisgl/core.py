@@ -55,6 +55,8 @@ class SamplingParams:
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's and k alternatives
     # the output is one JSON value valid against this JSON schema (given as JSON text)
     json_schema: str | None = None
+    # or: the output follows this grammar, in llguidance's Lark syntax (forced tool calls)
+    grammar: str | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -83,6 +85,11 @@ class SamplingParams:
                 "must not exceed max_tokens",
             ),
             (1 <= self.n <= MAX_N, "n", f"must be between 1 and {MAX_N}"),
+            (
+                self.json_schema is None or self.grammar is None,
+                "grammar",
+                "give json_schema or grammar, not both",
+            ),
             (len(self.stop) <= MAX_STOP, "stop", f"takes at most {MAX_STOP} strings"),
             (all(self.stop), "stop", "strings must not be empty"),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),

@@ -1,9 +1,13 @@
-"""Grammar-constrained decoding: JSON schemas compiled with llguidance, a matcher per sequence.
+"""Grammar-constrained decoding: grammars compiled with llguidance, a matcher per sequence.
 
-Contract: `Grammars(model_dir, vocab_size)` reads the tokenizer's token table once, on the
-first schema it sees. `matcher(schema)` compiles `schema` (a JSON schema, as JSON text;
-compiled grammars are cached by that text) and returns a fresh matcher, or raises
-`GrammarError` saying what is wrong with the schema. `mask(logits, rows, staging)`
+Contract: a request's output is constrained by `SamplingParams.json_schema` (a JSON schema:
+response_format) or `SamplingParams.grammar` (a grammar in llguidance's Lark syntax, which
+can embed JSON schemas: forced tool calls). `compile_grammar(params)` turns either into an
+llguidance grammar or raises `GrammarError` saying what is wrong; it needs no tokenizer, so
+the tokenizer worker checks a request with it before the scheduler sees it.
+`Grammars(model_dir, vocab_size)` reads the tokenizer's token table once, on the first
+grammar it sees; `matcher(params)` returns a fresh matcher for a request's constraint
+(compiled grammars are cached by their text), or None for free text. `mask(logits, rows, staging)`
 sets to -inf, in place, every token each row's matcher does not allow next: one bitmask for
 all the constrained rows, filled by llguidance in native code (no Python over the
 vocabulary), applied in one op. After a token is sampled the scheduler feeds it to the
@@ -22,6 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+
+from minisgl.core import SamplingParams
 
 from .staging import Staging
 
@@ -45,17 +51,47 @@ class Grammars:
             self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size)
         return self._tokenizer
 
-    def matcher(self, schema: str):
-        """A new matcher for output that is one JSON value valid against `schema`."""
+    def matcher(self, params: SamplingParams):
+        """A new matcher for `params`' constraint; None when the output is free text."""
         import llguidance
 
-        grammar = self._compiled.get(schema)
+        key = params.json_schema or params.grammar
+        if key is None:
+            return None
+        grammar = self._compiled.get(key)
         if grammar is None:
-            grammar = self._compiled[schema] = compile_schema(schema)
+            grammar = self._compiled[key] = compile_grammar(params)
         matcher = llguidance.LLMatcher(self._token_table(), grammar)
         if matcher.is_error():
-            raise GrammarError(f"not a usable JSON schema: {matcher.get_error()}")
+            raise GrammarError(f"not a usable grammar: {matcher.get_error()}")
         return matcher
+
+
+def compile_grammar(params: SamplingParams) -> str | None:
+    """The llguidance grammar of `params`' constraint (None: free text), or GrammarError."""
+    if params.json_schema is not None:
+        return compile_schema(params.json_schema)
+    if params.grammar is not None:
+        return _checked(_lark(params.grammar), "grammar")
+    return None
+
+
+def _lark(text: str) -> str:
+    import llguidance
+
+    try:
+        return llguidance.LLMatcher.grammar_from_lark(text)
+    except Exception as e:
+        raise GrammarError(f"not a usable grammar: {e}") from None
+
+
+def _checked(grammar: str, what: str) -> str:
+    import llguidance
+
+    problem = llguidance.LLMatcher.validate_grammar(grammar)
+    if problem:
+        raise GrammarError(f"not a usable {what}: {problem}")
+    return grammar
 
 
 def compile_schema(schema: str) -> str:
@@ -77,10 +113,7 @@ def compile_schema(schema: str) -> str:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(parsed))
     except Exception as e:  # not a schema at all
         raise GrammarError(f"not a usable JSON schema: {e}") from None
-    problem = llguidance.LLMatcher.validate_grammar(grammar)
-    if problem:
-        raise GrammarError(f"not a usable JSON schema: {problem}")
-    return grammar
+    return _checked(grammar, "JSON schema")
 
 
 def mask(logits: torch.Tensor, rows: list[tuple[int, object]], staging: Staging) -> None:

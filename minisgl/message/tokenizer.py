@@ -25,6 +25,7 @@ class TokenizeMsg(msgspec.Struct, tag=True):
     messages: list[dict[str, Any]] | None = None  # a chat conversation: chat template
     input_ids_packed: bytes | None = None  # a prompt given as token ids (codec.pack_ids)
     echo: bool = False  # the output starts with the prompt (completions' `echo`)
+    tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions for the chat template
 
 
 class AbortMsg(msgspec.Struct, tag=True):

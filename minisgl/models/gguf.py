@@ -164,13 +164,15 @@ def _write_weights(reader: Any, config: dict[str, Any], out: Path, desc: str) ->
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
-def _write_tokenizer(reader: Any, gguf_path: Path, config: dict[str, Any], out: Path) -> None:
+def _write_tokenizer(
+    reader: Any, gguf_path: Path, config: dict[str, Any], out: Path, chat_template: str | None
+) -> None:
     from transformers import AutoTokenizer
 
     # transformers rebuilds a fast tokenizer (vocab, merges, pre-tokenizer, special
     # tokens) from the GGUF metadata; re-implementing that here would only add bugs.
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    chat_template = _field(reader, "tokenizer.chat_template")
+    chat_template = chat_template or _field(reader, "tokenizer.chat_template")
     if chat_template:
         tok.chat_template = chat_template
     tok.save_pretrained(str(out))
@@ -212,8 +214,11 @@ def _write_generation_config(reader: Any, config: dict[str, Any], out: Path) -> 
 
 
 # --8<-- [start:convert_gguf]
-def convert_gguf_to_hf_dir(gguf_path: Path, out_dir: Path, *, desc: str | None = None) -> Path:
-    """Dequantize `gguf_path` into a Hugging Face checkpoint at `out_dir`; returns out_dir."""
+def convert_gguf_to_hf_dir(
+    gguf_path: Path, out_dir: Path, *, desc: str | None = None, chat_template: str | None = None
+) -> Path:
+    """Dequantize `gguf_path` into a Hugging Face checkpoint at `out_dir`; returns out_dir.
+    `chat_template` replaces the GGUF's own."""
     from gguf import GGUFReader
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
@@ -229,7 +234,7 @@ def convert_gguf_to_hf_dir(gguf_path: Path, out_dir: Path, *, desc: str | None =
     try:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         _write_generation_config(reader, config, tmp)
-        _write_tokenizer(reader, gguf_path, config, tmp)
+        _write_tokenizer(reader, gguf_path, config, tmp, chat_template)
         _write_weights(reader, config, tmp, desc)
         if out_dir.exists():
             # Move the old directory aside first: rename onto a non-empty dir fails.

@@ -159,12 +159,11 @@ class Scheduler:
                 where = field or "the prompt"
                 message = f"{where}: token ids must be in [0, {vocab})"
                 return _error(msg, ErrorKind.INVALID_TOKEN_ID, message, field)
-        matcher = None
-        if params.json_schema is not None:
-            try:
-                matcher = self.grammars.matcher(params.json_schema)
-            except GrammarError as e:
-                return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, str(e), "json_schema")
+        try:
+            matcher = self.grammars.matcher(params)
+        except GrammarError as e:
+            field = "json_schema" if params.json_schema is not None else "grammar"
+            return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
         # more than the room left is clamped; hitting the clamp is finish_reason "length"
         room = max_seq_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -197,7 +196,6 @@ class Scheduler:
         page_size tokens, into a page of its own: that position's output is what the
         choice samples its first token from), then decodes on its own."""
         shared = (first.prompt_len - 1) // self.cache_manager.page_size
-        schema = first.sampling_params.json_schema
         children = []
         for index in range(1, first.forks_left + 1):
             child = Req(
@@ -209,7 +207,7 @@ class Scheduler:
                 seed=self._seed_for(first.sampling_params, index),
                 eos_token_ids=first.eos_token_ids,
                 index=index,
-                matcher=None if first.matcher is None else self.grammars.matcher(schema),
+                matcher=self.grammars.matcher(first.sampling_params),
             )
             self.cache_manager.share(first, child, shared)
             child.cached_len = shared * self.cache_manager.page_size

@@ -151,13 +151,14 @@ def create_app(
             return refusal
         params = req.sampling_params()
         messages = [m.as_template_input() for m in req.messages]
+        tools = req.template_tools()
 
         def make_msg(uid: int) -> TokenizeMsg:
-            return TokenizeMsg(uid, params, messages=messages)
+            return TokenizeMsg(uid, params, messages=messages, tools=tools)
 
         job = Job(
             make_msgs=[make_msg],
-            fmt=ChatFormat(model_name, params.n),
+            fmt=ChatFormat(model_name, params.n, req.tool_calling()),
             n=params.n,
             logprobs=req.logprobs,
             include_usage=req.include_usage,

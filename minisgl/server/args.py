@@ -28,6 +28,9 @@ class ServerArgs:
     host: str = "127.0.0.1"  # this machine only: serving the network is asked for with --host
     port: int = 1919  # the port the README's and the chapter's examples talk to
     api_key: str | None = None  # no authentication; the command line reads $MINISGL_API_KEY
+    # replaces the model's chat template: a .jinja file, or the name of one minisgl ships
+    # (smollm2-tools); None: the model's own
+    chat_template: str | None = None
     # requests in flight in the API server: bounds its memory and the queue in front of the
     # scheduler (which runs --max-running-requests at once); past it clients get 503
     max_concurrent_requests: int = 1024
@@ -126,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=d.shutdown_timeout,
         help="on SIGTERM, how long in-flight requests may take to finish before abort",
     )
+    p.add_argument(
+        "--chat-template",
+        help="a chat template (.jinja file, or a shipped one: smollm2-tools) instead of the "
+        "model's own, for example to give a model tool calling",
+    )
     p.add_argument("--shell", action="store_true", help="interactive chat in the terminal")
     p.add_argument("--prompt", help="generate once for this prompt, streaming to the terminal")
     p.add_argument("--max-tokens", type=int, help="with --prompt: most tokens to generate")
@@ -149,5 +157,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             build_parser().error(f"--{name.replace('_', '-')} must be positive")
     if ns.shutdown_timeout < 0:
         build_parser().error("--shutdown-timeout must not be negative")
+    if ns.chat_template is not None:
+        from minisgl.tokenizer.tokenize import chat_template_text
+
+        try:
+            chat_template_text(ns.chat_template)
+        except ValueError as e:
+            build_parser().error(str(e))
     engine, scheduler, server = split_options(vars(ns))
     return ServerArgs(EngineConfig(**engine), SchedulerConfig(**scheduler), **server)

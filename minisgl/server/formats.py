@@ -23,6 +23,7 @@ from minisgl.message import ErrorInfo, TokenInfo
 
 from .buffer import ChoiceOutput, Output
 from .errors import HttpError, to_http
+from .tools import ToolCalling, ToolCallParser
 
 _json = msgspec.json.Encoder()
 SSE_DONE = b"data: [DONE]\n\n"
@@ -123,15 +124,46 @@ class _Format:
 
 
 class ChatFormat(_Format):
+    """With tools, each choice's text goes through a ToolCallParser: its tool-call blocks
+    become `tool_calls` (streamed as `delta.tool_calls`, one entry per call once its block
+    has closed) and the rest stays content."""
+
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
     id_prefix = "chatcmpl-"
     prompt_param = "messages"
 
+    def __init__(self, model: str, n_choices: int = 1, tools: ToolCalling | None = None) -> None:
+        super().__init__(model, n_choices)
+        self.tools = tools
+        self._parsers: dict[int, ToolCallParser] = {}  # per choice, while it streams
+
+    def _parse(self, choice: ChoiceOutput) -> tuple[str, list[dict[str, Any]]]:
+        """The content and the tool calls in this piece of the choice's text."""
+        if self.tools is None:
+            return choice.text, []
+        parser = self._parsers.get(choice.index)
+        if parser is None:
+            parser = self._parsers[choice.index] = self.tools.parser()
+        content, calls = parser.feed(choice.text)
+        if choice.finish_reason is not None:  # nothing more comes: flush what was held
+            content += parser.close()
+        return content, calls
+
+    def _finish_reason(self, index: int, reason: str | None) -> str | None:
+        if self.tools is None:
+            return reason
+        parser = self._parsers.get(index)
+        return self.tools.finish_reason(reason, bool(parser and parser.calls))
+
     def _delta(self, choice: ChoiceOutput, first: bool) -> dict[str, Any] | None:
-        delta: dict[str, str] = {"role": "assistant"} if first else {}
-        if choice.text:
-            delta["content"] = choice.text
+        delta: dict[str, Any] = {"role": "assistant"} if first else {}
+        content, calls = self._parse(choice)
+        if content:
+            delta["content"] = content
+        if calls:
+            start = len(self._parsers[choice.index].calls) - len(calls)
+            delta["tool_calls"] = [{"index": start + i, **c} for i, c in enumerate(calls)]
         if not delta and not choice.logprobs:
             return None
         return {
@@ -146,15 +178,23 @@ class ChatFormat(_Format):
             "index": choice.index,
             "delta": {},
             "logprobs": None,
-            "finish_reason": choice.finish_reason,
+            "finish_reason": self._finish_reason(choice.index, choice.finish_reason),
         }
 
     def _choice(self, index: int, text: str, finish: str | None, logprobs) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.tools is not None:
+            parser = self._parsers[index] = self.tools.parser()
+            content, calls = parser.feed(text)
+            content += parser.close()
+            message["content"] = content if content or not calls else None
+            if calls:
+                message["tool_calls"] = calls
         return {
             "index": index,
-            "message": {"role": "assistant", "content": text},
+            "message": message,
             "logprobs": _chat_logprobs(logprobs) if logprobs is not None else None,
-            "finish_reason": finish,
+            "finish_reason": self._finish_reason(index, finish),
         }
 
 

@@ -1,8 +1,8 @@
 """The OpenAI request models: what /v1/chat/completions and /v1/completions accept.
 
 Contract: models are strict (a wrong type is a 400, not a silent coercion) and forbid
-unknown fields, so a parameter we do not implement (tools, functions, suffix, ...) is
-refused by name, never ignored. Every accepted parameter reaches `SamplingParams` or the
+unknown fields, so a parameter we do not implement (functions, suffix, ...) is refused by
+name, never ignored. Every accepted parameter reaches `SamplingParams` or the
 response format. Extensions beyond OpenAI's API, as in vLLM and SGLang: top_k, min_tokens,
 ignore_eos, stop_token_ids, repetition_penalty.
 """
@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from minisgl.core import MAX_LOGPROBS, MAX_N, SamplingParams
+
+from .tools import ToolCalling
 
 # Integer bounds: what the wire format (msgpack, int32 token arrays) and the engine's
 # int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
@@ -40,18 +42,84 @@ class TextPart(_Strict):
     text: str
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
-    name: str | None = None
+FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # as OpenAI checks
 
-    def as_template_input(self) -> dict[str, str]:
+
+class CalledFunction(_Strict):
+    name: FunctionName
+    arguments: str  # JSON text, as the model wrote it
+
+
+class AssistantToolCall(_Strict):
+    """A tool call of an earlier assistant turn, sent back in the history."""
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+    def as_template_input(self) -> dict[str, Any]:
+        # templates write the arguments with `tojson`: give them the object when there is one
+        try:
+            arguments = json.loads(self.function.arguments)
+        except ValueError:
+            arguments = self.function.arguments
+        function = {"name": self.function.name, "arguments": arguments}
+        return {"id": self.id, "type": "function", "function": function}
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # None only for an assistant's tool calls
+    name: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool's answer: the call it answers
+    refusal: str | None = None  # sent back with an assistant turn by some clients; unused
+
+    @model_validator(mode="after")
+    def _check_message(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ParamError("messages", "only assistant messages carry tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ParamError("messages", f"a {self.role} message needs content")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ParamError("messages", "tool messages, and only they, carry tool_call_id")
+        return self
+
+    def as_template_input(self) -> dict[str, Any]:
         content = self.content
-        if not isinstance(content, str):
+        if content is not None and not isinstance(content, str):
             content = "".join(part.text for part in content)
         # "developer" is OpenAI's newer name for the system role; chat templates know "system"
         role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content}
+        out: dict[str, Any] = {"role": role, "content": content}
+        if self.tool_calls:
+            out["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+            if self.name is not None:
+                out["name"] = self.name
+        return out
+
+
+class FunctionDef(_Strict):
+    name: FunctionName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; omitted: no arguments
+    strict: bool | None = None  # forced calls always follow `parameters` either way
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class ChosenFunction(_Strict):
+    name: FunctionName
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: ChosenFunction
 
 
 class StreamOptions(_Strict):
@@ -126,7 +194,9 @@ class _SamplingFields(_Strict):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def _sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _sampling_params(
+        self, max_tokens: int | None, logprobs: int | None, grammar: str | None = None
+    ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return SamplingParams(
             temperature=self.temperature,
@@ -145,6 +215,7 @@ class _SamplingFields(_Strict):
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             logprobs=logprobs,
             json_schema=self.response_format.schema_text() if self.response_format else None,
+            grammar=grammar,
         )
 
 
@@ -154,6 +225,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Count | None = None  # the newer name of max_tokens
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[ToolDef] | None = Field(default=None, min_length=1, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _check_chat(self):
@@ -163,12 +237,44 @@ class ChatCompletionRequest(_SamplingFields):
             )
         if self.top_logprobs is not None and not self.logprobs:
             raise ParamError("top_logprobs", "top_logprobs needs logprobs: true")
+        self._check_tools()
         return self
+
+    def _check_tools(self) -> None:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ParamError("tools", "tool names must be unique")
+        if self.tool_choice is not None and not self.tools:
+            raise ParamError("tool_choice", "tool_choice is only allowed when tools are given")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            if self.tool_choice.function.name not in names:
+                message = f"tool_choice names {self.tool_choice.function.name!r}, not in tools"
+                raise ParamError("tool_choice", message)
+        format_type = self.response_format.type if self.response_format else "text"
+        if self.tool_calling() is not None and format_type != "text":
+            raise ParamError("response_format", "response_format JSON cannot go with tools")
+
+    def tool_calling(self) -> ToolCalling | None:
+        """What the request asked of tools; None when the model may not call any."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        choice = self.tool_choice or "auto"
+        if isinstance(choice, NamedToolChoice):
+            choice = choice.function.name
+        return ToolCalling(self.template_tools(), choice, self.parallel_tool_calls)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as the chat template receives them (none for tool_choice "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
 
     def sampling_params(self) -> SamplingParams:
         max_tokens = self.max_completion_tokens or self.max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs)
+        calling = self.tool_calling()
+        grammar = calling.grammar() if calling is not None else None
+        return self._sampling_params(max_tokens, logprobs, grammar)
 
 
 # --8<-- [end:request_model]

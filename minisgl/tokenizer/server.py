@@ -45,7 +45,7 @@ from minisgl.message import (
 )
 
 from .detokenize import DetokenizeManager
-from .tokenize import build_prompt_ids, load_tokenizer, token_bytes
+from .tokenize import ToolsUnsupported, build_prompt_ids, load_tokenizer, token_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -99,20 +99,27 @@ class TokenizerWorker:
                 ids = unpack_ids(msg.input_ids_packed)
             else:
                 prompt = msg.messages if msg.messages is not None else msg.text or ""
-                ids = build_prompt_ids(self.tokenizer, prompt)
+                ids = build_prompt_ids(self.tokenizer, prompt, msg.tools)
+        except ToolsUnsupported as exc:
+            error = ErrorInfo(ErrorKind.INVALID_PROMPT, str(exc), "tools")
+            to_frontend.append(UserReply(msg.uid, finished=True, error=error))
+            return []
         except Exception as exc:  # a template or tokenizer error is the request's, not ours
             logger.info("uid %d: cannot tokenize: %s", msg.uid, exc)
             error = ErrorInfo(ErrorKind.INVALID_PROMPT, f"cannot tokenize the prompt: {exc}")
             to_frontend.append(UserReply(msg.uid, finished=True, error=error))
             return []
         params = msg.sampling_params
-        if params.json_schema is not None:  # refused here, before the scheduler sees it
-            from minisgl.engine.grammar import GrammarError, compile_schema  # (imports torch)
+        if params.json_schema is not None or params.grammar is not None:
+            # refused here, before the scheduler sees it
+            from minisgl.engine.grammar import GrammarError, compile_grammar  # (imports torch)
 
             try:
-                compile_schema(params.json_schema)
+                compile_grammar(params)
             except GrammarError as exc:
-                error = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(exc), "response_format")
+                # a grammar comes from the tools' parameters, a schema from response_format
+                param = "response_format" if params.json_schema is not None else "tools"
+                error = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(exc), param)
                 to_frontend.append(UserReply(msg.uid, finished=True, error=error))
                 return []
         # the decode state is created here, with the prompt, never by a first token
@@ -206,7 +213,7 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection) -> None:
 
     configure_worker_logging("tokenizer", args.log_level)
     try:
-        tokenizer = load_tokenizer(model_dir)
+        tokenizer = load_tokenizer(model_dir, args.chat_template)
         if tokenizer is None:
             raise RuntimeError(f"{model_dir} has no tokenizer: the server needs one")
         inbox = PullQueue(channels.tokenizer, TokenizerMsg)

@@ -1,10 +1,18 @@
 """Tokenizer loading and prompt building.
 
-Contract: `load_tokenizer(model_dir)` returns a Hugging Face fast tokenizer from a model
-folder, or None when the folder has no tokenizer (a bare config for --dummy-weights
-benchmarks: such a model takes token ids only). `build_prompt_ids(tokenizer, prompt)` turns what a user sent (plain text, chat
-messages, or token ids) into prompt token ids: chat messages go through the model's chat
-template with the generation prompt appended; plain text is encoded as is.
+Contract: `load_tokenizer(model_dir, chat_template=None)` returns a Hugging Face fast
+tokenizer from a model folder, or None when the folder has no tokenizer (a bare config for
+--dummy-weights benchmarks: such a model takes token ids only); `chat_template` (a file or
+the name of one shipped in templates/) replaces the model's own.
+`build_prompt_ids(tokenizer, prompt, tools=None)` turns what a user sent (plain text, chat
+messages, or token ids) into prompt token ids: chat messages go through the chat template
+with the generation prompt appended, and with the request's tools when it has some; plain
+text is encoded as is.
+
+Tool calls are read back from the output in one format, Hermes-style `<tool_call>` blocks
+of JSON (Qwen2.5, Qwen3, and the template shipped for the embedded SmolLM2). A template
+that does not render the tools it is given, or renders them for another format, cannot
+serve `tools`: `ToolsUnsupported` says so before anything is generated.
 """
 
 from __future__ import annotations
@@ -19,16 +27,67 @@ Prompt = str | list[int] | list[dict[str, Any]]
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def load_tokenizer(model_dir: str | Path):
+TEMPLATES = Path(__file__).parent / "templates"  # chat templates shipped with minisgl
+TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+
+
+class ToolsUnsupported(ValueError):
+    """The chat template cannot present tools to the model in the `<tool_call>` format."""
+
+
+def chat_template_text(name_or_path: str) -> str:
+    """The text of a chat template: a file, or the name of one in TEMPLATES."""
+    shipped = TEMPLATES / f"{name_or_path}.jinja"
+    if shipped.is_file():
+        return shipped.read_text()
+    path = Path(name_or_path).expanduser()
+    if path.is_file():
+        return path.read_text()
+    names = ", ".join(sorted(p.stem for p in TEMPLATES.glob("*.jinja")))
+    raise ValueError(f"chat template {name_or_path!r}: no such file, nor one shipped ({names})")
+
+
+def load_tokenizer(model_dir: str | Path, chat_template: str | None = None):
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
     if not any((model_dir / name).exists() for name in _TOKENIZER_FILES):
         return None
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template_text(chat_template)
+    return tokenizer
 
 
-def build_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "minisgl_probe", "description": "", "parameters": {"type": "object"}},
+}
+_tool_support: dict[str, str | None] = {}  # template text -> why it cannot serve tools
+
+
+def _check_tools(tokenizer) -> None:
+    """Raise ToolsUnsupported unless the chat template shows tools in the `<tool_call>`
+    format. Found out once per template, by rendering a probe tool."""
+    template = str(tokenizer.chat_template)
+    if template not in _tool_support:
+        probe = [{"role": "user", "content": "?"}]
+        try:
+            text = tokenizer.apply_chat_template(probe, tools=[_PROBE_TOOL], tokenize=False)
+        except Exception as e:
+            text = f"(fails: {e})"
+        if "minisgl_probe" not in text:
+            why = "this model's chat template does not support tools"
+        elif TOOL_CALL_START not in text:
+            why = f"this model's chat template calls tools in a format other than {TOOL_CALL_START}"
+        else:
+            why = None
+        _tool_support[template] = why
+    if (why := _tool_support[template]) is not None:
+        raise ToolsUnsupported(why)
+
+
+def build_prompt_ids(tokenizer, prompt: Prompt, tools: list[dict] | None = None) -> list[int]:
     if tokenizer is None and not all(isinstance(t, int) for t in prompt):
         raise ValueError("this model folder has no tokenizer: give prompts as token ids")
     if isinstance(prompt, str):
@@ -38,7 +97,11 @@ def build_prompt_ids(tokenizer, prompt: Prompt) -> list[int]:
     if prompt and all(isinstance(m, dict) for m in prompt):
         if tokenizer.chat_template is None:
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
-        ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+        if tools:
+            _check_tools(tokenizer)
+        ids = tokenizer.apply_chat_template(
+            prompt, tools=tools or None, add_generation_prompt=True, tokenize=True
+        )
         if isinstance(ids, dict) or hasattr(
             ids, "input_ids"
         ):  # transformers 5 returns BatchEncoding

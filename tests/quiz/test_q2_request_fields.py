@@ -38,6 +38,8 @@ MESSAGES = [
     },
 ]
 
+TOOL = {"type": "function", "function": {"name": "now", "parameters": {"type": "object"}}}
+
 # every field of the request model: the extra fields of two requests that differ in it
 # alone (both carry what the field needs, e.g. `stream` for `stream_options`)
 VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
@@ -67,6 +69,12 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "logprobs": ({}, {"logprobs": True}),
     "top_logprobs": ({"logprobs": True}, {"logprobs": True, "top_logprobs": 2}),
     "response_format": ({}, {"response_format": {"type": "text"}}),
+    "tools": ({}, {"tools": [TOOL]}),
+    "tool_choice": ({"tools": [TOOL]}, {"tools": [TOOL], "tool_choice": "none"}),
+    "parallel_tool_calls": (
+        {"tools": [TOOL], "tool_choice": "required"},
+        {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False},
+    ),
 }
 
 REQUESTS = {
@@ -77,6 +85,7 @@ REQUESTS = {
     "sampling_extensions": {"top_k": 20, "min_tokens": 3, "stop_token_ids": [1, 2]},
     "logprobs": {"logprobs": True, "top_logprobs": 3, "temperature": 0.0},
     "streamed": {"stream": True, "stream_options": {"include_usage": True}, "user": "u"},
+    "tools": {"tools": [TOOL], "tool_choice": "required"},
 }
 
 

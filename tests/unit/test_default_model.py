@@ -157,7 +157,7 @@ def test_concurrent_starts_convert_once(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setenv("MINISGL_CACHE_DIR", str(tmp_path))
     calls: list[Path] = []
 
-    def fake_convert(gguf_path: Path, out_dir: Path, *, desc: str | None = None) -> Path:
+    def fake_convert(gguf_path: Path, out_dir: Path, **options) -> Path:
         calls.append(out_dir)
         time.sleep(0.2)  # long enough for the other thread to queue on the lock
         out_dir.mkdir()

@@ -204,7 +204,8 @@ async def test_an_error_after_streaming_began_is_an_error_event_then_done():
 BAD_REQUESTS = {
     "unknown_model": (chat(model="gpt-9"), 404, "model_not_found", "model"),
     "wrong_type": (chat(max_tokens="10"), 400, ANY, "max_tokens"),
-    "unknown_parameter": (chat(tools=[{"type": "function"}]), 400, ANY, "tools"),
+    "unknown_parameter": (chat(functions=[{"name": "f"}]), 400, ANY, "functions"),
+    "tool_without_function": (chat(tools=[{"type": "function"}]), 400, ANY, "tools.0.function"),
     "malformed_json": (b'{"model": "test-model", "messages": [', 400, None, None),
 }
 

@@ -10,7 +10,8 @@ Task: write the two functions below for /v1/chat/completions.
 
 Hints:
 - The tokenizer worker applies the model's chat template; what does a chat template take
-  as input? `ChatMessage` (minisgl/server/protocol.py) knows how to become it.
+  as input? `ChatMessage` (minisgl/server/protocol.py) knows how to become it, and the
+  request knows which of its tools the template shows the model.
 - The request model already knows how to build its `SamplingParams`: find that method, and
   read what it does with `max_tokens` and `max_completion_tokens`.
 - `TokenizeMsg` (minisgl/message/tokenizer.py) has no field for a stream: so where does

@@ -1,0 +1,378 @@
+"""Tool calling without a server: the `<tool_call>` parser (streamed text split anywhere
+reads like the whole; a block that is not a call stays content, nothing is lost), the
+grammar that forces calls (it accepts the calls it should and nothing else, and a tiny
+model sampling under it always produces calls whose arguments validate), the request
+checks, the chat format's streamed `delta.tool_calls` against the non-streamed message,
+and the chat templates' tool support."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from openai.lib.streaming.chat import ChatCompletionStreamState
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from pydantic import ValidationError
+from tiny import make_tokenizer
+
+from minisgl import LLM, SamplingParams
+from minisgl.server.buffer import ChoiceOutput, Output
+from minisgl.server.formats import ChatFormat
+from minisgl.server.protocol import ChatCompletionRequest
+from minisgl.server.tools import ToolCalling, ToolCallParser, _closed
+from minisgl.tokenizer.tokenize import (
+    ToolsUnsupported,
+    build_prompt_ids,
+    chat_template_text,
+    load_tokenizer,
+)
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "days": {"type": "integer"}},
+    "required": ["city"],
+}
+TIME = {"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "parameters": TIME}},
+]
+NAMES = {"get_weather", "get_time"}
+
+
+def block(name: str, arguments) -> str:
+    body = json.dumps({"name": name, "arguments": arguments})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+TWO_CALLS = (
+    "Let me look.\n"
+    + block("get_weather", {"city": "Paris"})
+    + "\n"
+    + block("get_time", {"tz": "CET"})
+    + "\n"
+)
+
+
+def parse_in_pieces(text: str, cuts: list[int], parallel: bool = True):
+    parser = ToolCallParser(NAMES, parallel)
+    content, calls = "", []
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        piece, new = parser.feed(text[a:b])
+        content += piece
+        calls += new
+    return content + parser.close(), calls
+
+
+def named(calls) -> list[tuple[str, dict]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+# ---------------------------------------------------------------- the parser
+def test_text_split_at_any_point_parses_like_the_whole():
+    whole = parse_in_pieces(TWO_CALLS, [])
+    assert whole[0] == "Let me look."
+    assert named(whole[1]) == [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]
+    for cut in range(1, len(TWO_CALLS)):
+        content, calls = parse_in_pieces(TWO_CALLS, [cut])
+        assert (content, named(calls)) == (whole[0], named(whole[1])), cut
+    content, calls = parse_in_pieces(TWO_CALLS, list(range(1, len(TWO_CALLS))))  # per char
+    assert (content, named(calls)) == (whole[0], named(whole[1]))
+
+
+def test_each_call_is_sent_as_soon_as_its_block_closes():
+    parser = ToolCallParser(NAMES)
+    first_end = TWO_CALLS.index("</tool_call>") + len("</tool_call>")
+    content, calls = parser.feed(TWO_CALLS[:first_end])
+    assert content == "Let me look." and named(calls) == [("get_weather", {"city": "Paris"})]
+    _, calls = parser.feed(TWO_CALLS[first_end:-1])
+    assert named(calls) == [("get_time", {"tz": "CET"})]
+    ids = [c["id"] for c in parser.calls]
+    assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<tool_call>\n{not json}\n</tool_call>",
+        block("launch_rocket", {}),  # no such tool
+        block("get_time", "CET"),  # arguments that are not an object
+        "<tool_call>\n" + json.dumps({"name": "get_time", "arguments": {"tz": "UTC"}}),  # open
+    ],
+    ids=["bad_json", "unknown_tool", "arguments_not_object", "unfinished"],
+)
+def test_a_block_that_is_not_a_call_is_kept_as_content(bad):
+    text = "Hmm " + bad
+    for cuts in ([], list(range(1, len(text)))):
+        content, calls = parse_in_pieces(text, cuts)
+        assert calls == [] and content.replace(" ", "") == text.replace(" ", "")
+
+
+@pytest.mark.parametrize("text", ["a < b and <tool", "ends with a line break\n\n", "<tool_cal"])
+def test_plain_text_comes_out_whole(text):
+    for cuts in ([], list(range(1, len(text)))):
+        assert parse_in_pieces(text, cuts) == (text, [])
+
+
+def test_without_parallel_calls_only_the_first_counts():
+    content, calls = parse_in_pieces(TWO_CALLS, [5, 40], parallel=False)
+    assert content == "Let me look." and named(calls) == [("get_weather", {"city": "Paris"})]
+
+
+# ---------------------------------------------------------------- the grammar
+def test_closing_schemas_leaves_what_they_say_and_their_values_alone():
+    schema = {
+        "type": "object",
+        "properties": {
+            "open": {"type": "object", "properties": {}, "additionalProperties": True},
+            "list": {"type": "array", "items": {"type": "object", "properties": {}}},
+            "fixed": {"const": {"properties": {"x": 1}}},
+        },
+    }
+    closed = _closed(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["open"]["additionalProperties"] is True
+    assert closed["properties"]["list"]["items"]["additionalProperties"] is False
+    assert closed["properties"]["fixed"] == {"const": {"properties": {"x": 1}}}
+    assert "additionalProperties" not in schema  # the request's own schema is untouched
+
+
+@pytest.fixture(scope="module")
+def matchers(tiny_dirs):
+    from minisgl.engine.grammar import Grammars
+
+    tokenizer = load_tokenizer(tiny_dirs["llama"])
+    grammars = Grammars(tiny_dirs["llama"], len(tokenizer))
+
+    def accepts(calling: ToolCalling, text: str) -> bool:
+        matcher = grammars.matcher(SamplingParams(grammar=calling.grammar()))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return matcher.consume_tokens(ids) and matcher.is_accepting()
+
+    return accepts
+
+
+CALL_A = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+CALL_B = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "text", "ok"),
+    [
+        ("required", True, CALL_A, True),
+        ("required", True, CALL_A + "\n" + CALL_B, True),
+        ("required", False, CALL_A + "\n" + CALL_B, False),
+        ("required", True, "Sure! " + CALL_A, False),  # forced: nothing but calls
+        ("get_time", True, CALL_B, True),
+        ("get_time", True, CALL_A, False),  # the other function
+        ("get_time", True, CALL_B + "\n" + CALL_B, False),  # a named choice calls once
+        ("required", True, CALL_A.replace('"Rome"', '"Oslo"'), False),  # not in the enum
+        ("required", True, CALL_A.replace('"Rome"}', '"Rome", "x": 1}'), False),  # extra key
+        ("required", True, CALL_A.replace('"city": "Rome"', ""), False),  # required missing
+    ],
+)
+def test_the_forcing_grammar_accepts_exactly_the_calls_it_should(
+    matchers, choice, parallel, text, ok
+):
+    assert matchers(ToolCalling(TOOLS, choice, parallel), text) is ok
+
+
+def test_auto_needs_no_grammar():
+    assert ToolCalling(TOOLS, "auto").grammar() is None
+
+
+@pytest.mark.parametrize("choice", ["required", "get_time"])
+def test_a_tiny_model_sampling_under_the_grammar_always_makes_valid_calls(tiny_dirs, choice):
+    calling = ToolCalling(TOOLS, choice)
+    llm = LLM(model=str(tiny_dirs["llama"]), device="cpu")
+    forced = SamplingParams(temperature=1.0, max_tokens=200, n=3, seed=7, grammar=calling.grammar())
+    free = SamplingParams(temperature=0.0, max_tokens=12)
+    outs = llm.generate(["call something", "and something else"], [forced, free])
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+    for out in outs[0].outputs:
+        text = out.text
+        assert out.finish_reason == "stop", text  # the grammar ended it, not max_tokens
+        content, calls = parse_in_pieces(text, [])
+        assert content == "" and calls, text
+        for name, arguments in named(calls):
+            assert choice == "required" or name == choice
+            jsonschema.validate(arguments, schemas[name])
+    assert llm.scheduler.state()["grammar_matchers"] == 0
+
+
+# ---------------------------------------------------------------- the request
+def chat_request(**extra) -> ChatCompletionRequest:
+    body = {"messages": [{"role": "user", "content": "hi"}], **extra}
+    return ChatCompletionRequest.model_validate(body)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"tools": []}, "tools"),
+        ({"tools": TOOLS + TOOLS[:1]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}}, "tool_choice"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages"),
+        ({"messages": [{"role": "tool", "content": "20C"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x", "tool_call_id": "a"}]}, "messages"),
+    ],
+    ids=[
+        "empty_tools", "duplicate_names", "choice_without_tools", "unknown_named_choice",
+        "json_with_tools", "null_user_content", "tool_without_call_id", "call_id_not_on_tool",
+    ],
+)  # fmt: skip
+def test_inconsistent_tool_fields_are_refused_naming_the_field(extra, param):
+    with pytest.raises(ValidationError) as info:
+        chat_request(**extra)
+    errors = info.value.errors()
+    cause = (errors[0].get("ctx") or {}).get("error")
+    where = getattr(cause, "param", None) or str(errors[0]["loc"][0])
+    assert where == param, errors
+
+
+def test_a_tool_conversation_reaches_the_template_as_templates_expect():
+    call = {"id": "call_1", "type": "function"}
+    req = chat_request(
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {**call, "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "20C"},
+        ],
+        tools=TOOLS,
+        tool_choice="none",
+    )
+    assistant, tool = (m.as_template_input() for m in req.messages[1:])
+    assert assistant["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}  # an object
+    assert tool == {"role": "tool", "content": "20C", "tool_call_id": "call_1"}
+    assert req.tool_calling() is None and req.template_tools() is None  # "none"
+    assert req.sampling_params().grammar is None
+
+
+def test_forced_choices_carry_their_grammar():
+    assert chat_request(tools=TOOLS).sampling_params().grammar is None  # auto by default
+    forced = chat_request(tools=TOOLS, tool_choice="required").sampling_params()
+    assert "get_time" in forced.grammar and "get_weather" in forced.grammar
+    one = {"type": "function", "function": {"name": "get_time"}}
+    grammar = chat_request(tools=TOOLS, tool_choice=one).sampling_params().grammar
+    assert "get_time" in grammar and "get_weather" not in grammar
+
+
+# ---------------------------------------------------------------- the response
+def outputs(text: str, reason: str, cuts: list[int]) -> list[Output]:
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    return [
+        Output(
+            [ChoiceOutput(0, piece, reason if i == len(pieces) - 1 else None, [])],
+            prompt_tokens=5,
+            completion_tokens=i + 1,
+            finished=i == len(pieces) - 1,
+            error=None,
+        )
+        for i, piece in enumerate(pieces)
+    ]
+
+
+def streamed(calling: ToolCalling, text: str, reason: str, cuts: list[int]):
+    fmt = ChatFormat("m", 1, calling)
+    state = ChatCompletionStreamState(input_tools=TOOLS)
+    for out in outputs(text, reason, cuts):
+        for event in fmt.chunks(out).split(b"\n\n"):
+            if event:
+                chunk = ChatCompletionChunk.model_validate_json(event.removeprefix(b"data: "))
+                state.handle_chunk(chunk)
+    return state.current_completion_snapshot.choices[0]
+
+
+def whole(calling: ToolCalling, text: str, reason: str):
+    body = ChatFormat("m", 1, calling).body([text], [reason], None, 5, 1)
+    return ChatCompletion.model_validate(body).choices[0]
+
+
+@pytest.mark.parametrize(
+    ("choice", "text", "reason", "expected"),
+    [
+        ("auto", TWO_CALLS, "stop", "tool_calls"),
+        ("required", TWO_CALLS, "stop", "tool_calls"),
+        ("get_time", block("get_time", {"tz": "UTC"}), "stop", "stop"),  # as OpenAI answers
+        ("auto", "No tools needed.", "stop", "stop"),
+        ("auto", TWO_CALLS[:-30], "length", "length"),  # cut off inside the second call
+    ],
+)
+def test_streamed_tool_calls_add_up_to_the_whole_message(choice, text, reason, expected):
+    calling = ToolCalling(TOOLS, choice)
+    full = whole(calling, text, reason)
+    assert full.finish_reason == expected
+    for cuts in ([], [7, 20, 33, 90, 140], list(range(1, len(text)))):
+        part = streamed(calling, text, reason, cuts)
+        assert part.finish_reason == expected
+        assert part.message.content == full.message.content
+        got = [(c.function.name, c.function.arguments) for c in part.message.tool_calls or []]
+        want = [(c.function.name, c.function.arguments) for c in full.message.tool_calls or []]
+        assert got == want
+    if full.message.tool_calls and reason == "stop":  # (a cut-off call stays content)
+        assert full.message.content in (None, "Let me look.")
+        for call in full.message.tool_calls:
+            jsonschema.validate(json.loads(call.function.arguments), {"type": "object"})
+
+
+def test_a_reply_cut_inside_a_call_keeps_its_text():
+    text = TWO_CALLS[:-30]
+    full = whole(ToolCalling(TOOLS, "auto"), text, "length")
+    assert len(full.message.tool_calls) == 1
+    assert full.message.content.startswith("Let me look.") and '"get_time"' in full.message.content
+
+
+# ---------------------------------------------------------------- templates
+def test_a_template_without_tools_refuses_them(tmp_path):
+    tokenizer = make_tokenizer(tmp_path)
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ToolsUnsupported, match="does not support tools"):
+        build_prompt_ids(tokenizer, messages, TOOLS)
+    tokenizer.chat_template = (
+        "{{ tools | tojson }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    )
+    with pytest.raises(ToolsUnsupported, match="format other than <tool_call>"):
+        build_prompt_ids(tokenizer, messages, TOOLS)
+    assert build_prompt_ids(tokenizer, messages)  # without tools it still serves
+
+
+def test_the_shipped_template_shows_tools_calls_and_results(tmp_path):
+    tokenizer = make_tokenizer(tmp_path)
+    tokenizer.chat_template = chat_template_text("smollm2-tools")
+    req = chat_request(
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c1",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "20C"},
+        ],
+        tools=TOOLS,
+    )
+    messages = [m.as_template_input() for m in req.messages]
+    text = tokenizer.apply_chat_template(
+        messages, tools=req.template_tools(), tokenize=False, add_generation_prompt=True
+    )
+    assert json.dumps(TOOLS[0]["function"]) in text  # the tool, as the model sees it
+    assert block("get_weather", {"city": "Rome"}) in text  # the earlier call, in its format
+    assert "<tool_response>\n20C\n</tool_response>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="smollm2-tools"):
+        chat_template_text("no-such-template")
