@@ -23,6 +23,7 @@ is never scheduled while its last token is still pending (overlap scheduling).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import torch
@@ -76,6 +77,7 @@ def compile_grammar(params: SamplingParams) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=256)
 def _lark(text: str) -> str:
     import llguidance
 
@@ -94,6 +96,7 @@ def _checked(grammar: str, what: str) -> str:
     return grammar
 
 
+@functools.lru_cache(maxsize=256)  # a client sends the same schema again and again
 def compile_schema(schema: str) -> str:
     """`schema` (JSON text) as an llguidance grammar, or GrammarError. Needs no tokenizer:
     the tokenizer worker checks a request's schema with it before the scheduler sees it.

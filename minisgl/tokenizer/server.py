@@ -17,6 +17,7 @@ Consecutive DetokenizeMsgs are decoded in one batched tokenizer call.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -110,18 +111,9 @@ class TokenizerWorker:
             to_frontend.append(UserReply(msg.uid, finished=True, error=error))
             return []
         params = msg.sampling_params
-        if params.json_schema is not None or params.grammar is not None:
-            # refused here, before the scheduler sees it
-            from minisgl.engine.grammar import GrammarError, compile_grammar  # (imports torch)
-
-            try:
-                compile_grammar(params)
-            except GrammarError as exc:
-                # a grammar comes from the tools' parameters, a schema from response_format
-                param = "response_format" if params.json_schema is not None else "tools"
-                error = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(exc), param)
-                to_frontend.append(UserReply(msg.uid, finished=True, error=error))
-                return []
+        if (error := self._check_constraints(msg)) is not None:  # before the scheduler
+            to_frontend.append(UserReply(msg.uid, finished=True, error=error))
+            return []
         # the decode state is created here, with the prompt, never by a first token
         echo = ""
         if msg.echo:
@@ -134,6 +126,31 @@ class TokenizerWorker:
             msg.uid, len(ids), params.n, params.stop, params.min_tokens, echo=echo
         )
         return [UserMsg.make(msg.uid, ids, params)]
+
+    def _check_constraints(self, msg: TokenizeMsg) -> ErrorInfo | None:
+        """A schema or grammar that cannot constrain decoding: the error that refuses the
+        request, naming the field it came from. Every tool's parameters are checked, so a
+        bad one is refused whatever tool_choice is."""
+        params = msg.sampling_params
+        if params.json_schema is None and params.grammar is None and not msg.tools:
+            return None
+        from minisgl.engine.grammar import GrammarError, compile_grammar, compile_schema
+
+        def refuse(message: str, param: str) -> ErrorInfo:
+            return ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, param)
+
+        for i, tool in enumerate(msg.tools or []):
+            function = tool["function"]
+            try:
+                compile_schema(json.dumps(function.get("parameters") or {"type": "object"}))
+            except GrammarError as exc:
+                return refuse(f"tools[{i}] ({function['name']}): parameters: {exc}", "tools")
+        try:
+            compile_grammar(params)
+        except GrammarError as exc:
+            # a grammar comes from the tools, a schema from response_format
+            return refuse(str(exc), "response_format" if params.json_schema else "tools")
+        return None
 
     def _detokenize(
         self, run: list[DetokenizeMsg], to_backend: list[BackendMsg]

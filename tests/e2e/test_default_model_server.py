@@ -1,6 +1,7 @@
 """The embedded default model (SmolLM2-135M-Instruct, real weights) behind the real server:
-the chapter's request works streamed and not, greedy answers make sense, and structured
-output follows five kinds of schema (greedy and sampled, streamed or not) and `parse`."""
+the chapter's request works streamed and not, greedy answers make sense, structured
+output follows five kinds of schema (greedy and sampled, streamed or not) and `parse`, and
+forced tool calls carry valid arguments, and a tool's result fed back gets an answer."""
 
 from __future__ import annotations
 
@@ -149,3 +150,84 @@ def test_parse_with_a_pydantic_model(server, client):
     )
     city = completion.choices[0].message.parsed
     assert isinstance(city, City) and completion.choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------- tool calls
+# the embedded model's template shows tools in the Hermes format (smollm2-tools)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 24},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+TIME_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The current time in a timezone",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "maxLength": 24}},
+            "required": ["timezone"],
+        },
+    },
+}
+TOOL_PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER_TOOL, TIME_TOOL)}  # fmt: skip
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_forced_tool_calls_carry_valid_arguments(server, client, choice, temperature, stream):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    params = dict(
+        model=server.model_name, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice=named if choice == "named" else "required", max_tokens=120,
+        temperature=temperature, seed=5,
+    )  # fmt: skip
+    if stream:
+        with client.chat.completions.stream(**params) as events:
+            choice_out = events.get_final_completion().choices[0]
+    else:
+        choice_out = client.chat.completions.create(**params).choices[0]
+    assert choice_out.finish_reason == ("stop" if choice == "named" else "tool_calls")
+    calls = choice_out.message.tool_calls
+    assert calls and not choice_out.message.content
+    if choice == "named":
+        assert [c.function.name for c in calls] == ["get_weather"]
+    for call in calls:
+        jsonschema.validate(
+            json.loads(call.function.arguments), TOOL_PARAMETERS[call.function.name]
+        )
+
+
+def test_a_tool_result_fed_back_gets_an_answer(server, client):
+    tools = [WEATHER_TOOL]
+    first = client.chat.completions.create(
+        model=server.model_name, messages=WEATHER_QUESTION, tools=tools,
+        tool_choice="required", max_tokens=120, temperature=0,
+    )  # fmt: skip
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    result = {"city": "Paris", "temperature": 21, "unit": "celsius", "sky": "sunny"}
+    history = WEATHER_QUESTION + [
+        first.choices[0].message,
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)},
+    ]
+    answer = client.chat.completions.create(
+        model=server.model_name, messages=history, tools=tools, max_tokens=48, temperature=0
+    ).choices[0]
+    assert answer.finish_reason in ("stop", "length")
+    assert answer.message.content and answer.message.content.strip()
+    # the model read the result: it says what the tool said
+    assert "21" in answer.message.content or "sunny" in answer.message.content.lower()

@@ -457,8 +457,7 @@ def test_logit_bias_outside_the_vocabulary_or_range_is_a_400(server, client, bia
 # ---------------------------------------------------------------- unsupported parameters
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 UNSUPPORTED = [
-    ("chat", "tools", {"tools": [TOOL]}),
-    ("chat", "tool_choice", {"tool_choice": "none"}),
+    ("chat", "tool_choice", {"tool_choice": "none"}),  # without tools it means nothing
     ("chat", "functions", {"functions": [{"name": "f", "parameters": {"type": "object"}}]}),
     ("chat", "function_call", {"function_call": "none"}),
     ("completions", "suffix", {"suffix": "!"}),
@@ -466,6 +465,23 @@ UNSUPPORTED = [
     ("completions", "best_of", {"best_of": 3, "n": 2}),
     ("completions", "echo", {"echo": True, "logprobs": 1}),
 ]
+
+
+@STREAM
+@pytest.mark.parametrize("tool_choice", ["auto", "required", "none"])
+def test_tools_for_a_model_whose_template_has_none_are_a_400(server, client, tool_choice, stream):
+    """The tiny models' chat template ignores tools: a request that would have the model
+    call them is refused before anything is generated; "none" needs no tools shown."""
+    params = _params(server, "chat", max_tokens=3)
+    if tool_choice == "none":
+        ask(client, "chat", stream, **params, tools=[TOOL], tool_choice=tool_choice)
+        return
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            **params, stream=stream, tools=[TOOL], tool_choice=tool_choice
+        )
+    assert_bad_param(info.value, "tools")
+    assert "does not support tools" in info.value.body["message"]
 
 
 @STREAM
