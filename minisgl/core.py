@@ -36,7 +36,12 @@ MAX_LOGPROBS = 20  # alternatives per token
 
 @dataclass
 class SamplingParams:
-    """Per-request sampling settings. temperature 0 means greedy."""
+    """Per-request sampling settings. temperature 0 means greedy.
+
+    Under a constraint (`json_schema` or `grammar`) the grammar decides where the output
+    ends (the end-of-sequence token is allowed only once the value is complete), so stop
+    strings, stop_token_ids and min_tokens, which would cut the value short or hold its end
+    off, are dropped: the output always parses."""
 
     temperature: float = 0.0
     top_k: int = -1  # -1: no top-k filter
@@ -57,6 +62,10 @@ class SamplingParams:
     json_schema: str | None = None
     # or: the output follows this grammar, in llguidance's Lark syntax (forced tool calls)
     grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.json_schema is not None or self.grammar is not None:
+            self.stop, self.stop_token_ids, self.min_tokens = [], [], 0
 
     @property
     def is_greedy(self) -> bool:

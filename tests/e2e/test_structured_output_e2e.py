@@ -1,8 +1,9 @@
 """`response_format` over the real server (tiny Llama) with the official client: every
 answer under `json_schema` or `json_object` parses and validates, greedy or sampled,
-streamed or not, on both endpoints; a schema that cannot be compiled is a 400 naming
-`response_format` before the scheduler sees it, streamed or not; /debug/lifecycle (which
-counts grammar matchers) is back at zero after each test."""
+streamed or not, with stop strings, min_tokens and penalties, on both endpoints; a schema
+that cannot be compiled is a 400 naming `response_format` before the scheduler sees it,
+streamed or not; /debug/lifecycle (which counts grammar matchers) is back at zero after
+each test."""
 
 from __future__ import annotations
 
@@ -49,6 +50,24 @@ def test_chat_answers_follow_the_schema(server, client, stream, temperature):
         finish = [c.finish_reason for c in resp.choices]
     for text, reason in zip(texts, finish):
         assert reason == "stop", (text, reason)
+        jsonschema.validate(json.loads(text), SCHEMA)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["full", "stream"])
+def test_stop_strings_and_penalties_leave_the_answer_valid(server, client, stream):
+    params = dict(
+        model=server.model_name, messages=MESSAGES, max_tokens=80, temperature=1.0, n=2,
+        seed=4, response_format=FORMAT, stop=['"', ":", "}"], presence_penalty=2.0,
+        frequency_penalty=2.0, extra_body={"min_tokens": 40, "repetition_penalty": 2.0},
+    )  # fmt: skip
+    if stream:
+        texts = ["", ""]
+        for chunk in client.chat.completions.create(**params, stream=True):
+            for c in chunk.choices:
+                texts[c.index] += c.delta.content or ""
+    else:
+        texts = [c.message.content for c in client.chat.completions.create(**params).choices]
+    for text in texts:
         jsonschema.validate(json.loads(text), SCHEMA)
 
 

@@ -69,6 +69,26 @@ def test_every_output_is_valid_json_for_its_schema(temperature, tiny_dirs) -> No
     _check(llm, llm.generate(prompts, params), schemas)
 
 
+# what would cut a value short or hold its end off: every token of the tiny vocabulary that
+# a JSON value uses ends up in a stop string or a stop token
+CUTOFFS = {
+    "stop_strings": {"stop": ['"', ":", "}", "]"]},
+    "stop_token_ids": {"stop_token_ids": list(range(3, 200))},
+    "min_tokens": {"min_tokens": 60},
+    "penalties": {"presence_penalty": 2.0, "frequency_penalty": 2.0, "repetition_penalty": 2.0},
+}
+
+
+@pytest.mark.parametrize("cutoff", list(CUTOFFS))
+def test_stops_min_tokens_and_penalties_leave_the_value_whole(cutoff, tiny_dirs) -> None:
+    llm = LLM(str(tiny_dirs["llama"]), device="cpu", page_size=4)
+    params = [
+        _params(s, temperature=1.0, seed=i, n=2, **CUTOFFS[cutoff]) for i, s in enumerate(SCHEMAS)
+    ]
+    assert all(not p.stop and not p.stop_token_ids and not p.min_tokens for p in params)
+    _check(llm, llm.generate(PROMPTS[: len(SCHEMAS)], params), SCHEMAS)
+
+
 def test_unconstrained_requests_in_the_same_batch_are_unchanged(tiny_dirs) -> None:
     llm = LLM(str(tiny_dirs["qwen3"]), device="cpu", page_size=4)
     free = SamplingParams(max_tokens=12, ignore_eos=True)
