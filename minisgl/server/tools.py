@@ -7,9 +7,10 @@ Contract:
   or a function's name) and `parallel_tool_calls`.
 - `grammar()` is None for "auto" (the model decides, and its markup is parsed), else an
   llguidance Lark grammar that allows only tool-call blocks: for "required" one block, or
-  with `parallel` one or more separated by a line break; for a named function exactly
-  one. Each block holds `{"name": ..., "arguments": ...}` where the name is one of the
-  tools (the named one) and the arguments validate against that tool's `parameters`. As
+  with `parallel` one to MAX_PARALLEL_CALLS separated by line breaks; for a named
+  function exactly one. Each block holds `{"name": ..., "arguments": ...}` where the name
+  is one of the tools (the named one) and the arguments validate against that tool's
+  `parameters`. As
   in xgrammar's strict mode, an object schema with `properties` that does not say whether
   other keys are allowed gets none: a small model otherwise invents extra arguments.
 - `parser()` makes a `ToolCallParser` for one choice. `feed(text)` takes the choice's
@@ -33,6 +34,9 @@ from typing import Any
 from minisgl.tokenizer.tokenize import TOOL_CALL_END, TOOL_CALL_START
 
 AUTO, REQUIRED = "auto", "required"
+# forced parallel calls per answer: a small model under the grammar can otherwise repeat
+# the same call until the context is full
+MAX_PARALLEL_CALLS = 8
 
 
 _SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
@@ -102,7 +106,8 @@ class ToolCalling:
             },
         }
         several = self.parallel and self.choice == REQUIRED
-        start = 'start: call ("\\n" call)*' if several else "start: call"
+        more = f'("\\n" call){{0,{MAX_PARALLEL_CALLS - 1}}}' if several else ""
+        start = f"start: call {more}"
         block = f"call: {json.dumps(TOOL_CALL_START + chr(10))} body {json.dumps(chr(10) + TOOL_CALL_END)}"
         return f"{start}\n{block}\nbody: %json {json.dumps(schema)}\n"
 

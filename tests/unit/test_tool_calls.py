@@ -20,7 +20,7 @@ from minisgl import LLM, SamplingParams
 from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.formats import ChatFormat
 from minisgl.server.protocol import ChatCompletionRequest
-from minisgl.server.tools import ToolCalling, ToolCallParser, _closed
+from minisgl.server.tools import MAX_PARALLEL_CALLS, ToolCalling, ToolCallParser, _closed
 from minisgl.tokenizer.tokenize import (
     ToolsUnsupported,
     build_prompt_ids,
@@ -163,6 +163,8 @@ CALL_B = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_
         ("required", True, CALL_A, True),
         ("required", True, CALL_A + "\n" + CALL_B, True),
         ("required", False, CALL_A + "\n" + CALL_B, False),
+        ("required", True, "\n".join([CALL_A] * MAX_PARALLEL_CALLS), True),
+        ("required", True, "\n".join([CALL_A] * (MAX_PARALLEL_CALLS + 1)), False),  # bounded
         ("required", True, "Sure! " + CALL_A, False),  # forced: nothing but calls
         ("get_time", True, CALL_B, True),
         ("get_time", True, CALL_A, False),  # the other function
