@@ -30,6 +30,14 @@ it afterwards:
 
     python benchmarks/online.py --launch --num-requests 16 --concurrency 4 \
         --input-len 128 --output-len 64
+
+An A/B of a server setting in the same run (`--launch` with `--baseline-server-arg`): two
+servers are started, the same load runs against each in turn `--pairs` times (baseline
+first in each pair), and the report gives the output-throughput ratio of each pair and
+their median, the figure a noisy machine allows. For example, what request timelines
+cost (on by default) against a server that records none:
+
+    python benchmarks/online.py --launch --baseline-server-arg=--debug-history=0 --pairs 3
 """
 
 from __future__ import annotations
@@ -410,9 +418,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="extra argument for the launched server (repeatable), "
         "e.g. --server-arg=--max-running-requests=8",
     )
+    g.add_argument(
+        "--baseline-server-arg",
+        action="append",
+        default=None,
+        metavar="ARG",
+        help="A/B: also launch a baseline server with these extra arguments (repeatable) "
+        "and report the launched server's throughput as a ratio of the baseline's",
+    )
+    g.add_argument("--pairs", type=int, default=3, help="A/B: baseline-candidate pairs")
     args = p.parse_args(argv)
     if args.num_requests < 1 or args.concurrency < 0 or args.request_rate <= 0:
         p.error("--num-requests must be >= 1, --concurrency >= 0, --request-rate > 0")
+    if args.baseline_server_arg is not None and not args.launch:
+        p.error("--baseline-server-arg needs --launch")
     return args
 
 
@@ -441,8 +460,52 @@ def run(args) -> dict:
     return summary
 
 
+def compare(args) -> dict:
+    """A/B: the same load against a baseline server and the candidate, pair by pair."""
+    import copy
+
+    base_args = copy.copy(args)
+    base_args.server_arg = [*args.server_arg, *args.baseline_server_arg]
+    pairs = []
+    with launched_server(base_args) as base_url, launched_server(args) as cand_url:
+        cand_pgid = args.server_pgid
+        for i in range(args.pairs):
+            base_args.base_url, args.base_url = base_url, cand_url
+            baseline = run(base_args)
+            args.server_pgid = cand_pgid
+            candidate = run(args)
+            ratio = candidate["output_tokens_per_s"] / baseline["output_tokens_per_s"]
+            print(f"pair {i + 1}: candidate / baseline throughput {ratio:.3f}", file=sys.stderr)
+            pairs.append({"baseline": baseline, "candidate": candidate, "ratio": ratio})
+    ratios = [p["ratio"] for p in pairs]
+    return {
+        "baseline_server_args": base_args.server_arg,
+        "candidate_server_args": args.server_arg,
+        "ratios": ratios,
+        "median_ratio": statistics.median(ratios),
+        "pairs": pairs,
+    }
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.baseline_server_arg is not None:
+        result = compare(args)
+        for pair in result["pairs"]:
+            print_report(pair["candidate"])
+        print(f"\nbaseline server args:  {' '.join(result['baseline_server_args']) or '-'}")
+        print(f"candidate server args: {' '.join(result['candidate_server_args']) or '-'}")
+        print(
+            "output throughput, candidate / baseline, per pair: "
+            + ", ".join(f"{r:.3f}" for r in result["ratios"])
+        )
+        print(f"median: {result['median_ratio']:.3f}")
+        if args.json:
+            write_json(args.json, result)
+        failed = sum(
+            p[k]["requests_failed"] for p in result["pairs"] for k in ("baseline", "candidate")
+        )
+        return 0 if failed == 0 else 1
     if args.launch:
         with launched_server(args) as base_url:
             args.base_url = base_url

@@ -147,6 +147,7 @@ class Req:
     # reported with its first token
     cached_tokens: int = 0
     matcher: Any = None  # grammar state (engine/grammar.py) when the output is constrained
+    reported_len: int = 0  # output tokens already counted in a timeline's decode events
     finish_reason: FinishReason | None = None
     ended: bool = False  # finished or aborted: a launched step's token for it is dropped
 

@@ -2,8 +2,8 @@
 
 API server --TokenizeMsg, AbortMsg, LifecycleQueryMsg--> tokenizer worker
 tokenizer worker --UserMsg, AbortBackendMsg, StateQueryMsg--> scheduler
-scheduler --DetokenizeMsg, BackendErrorMsg, SchedulerStateMsg--> tokenizer worker
-tokenizer worker --UserReply, LifecycleStateMsg--> API server
+scheduler --DetokenizeMsg, BackendErrorMsg, SchedulerStateMsg, TimelineMsg--> tokenizer worker
+tokenizer worker --UserReply, LifecycleStateMsg, TimelineMsg--> API server
 
 A request that fails ends with an `ErrorInfo` (errors.py): a kind and a message, never an
 HTTP status; the API server maps the kind to its answer.
@@ -15,6 +15,7 @@ from .backend import AbortBackendMsg, BackendMsg, ExitMsg, StateQueryMsg, UserMs
 from .codec import Codec, pack_ids, unpack_ids
 from .errors import ErrorInfo, ErrorKind
 from .frontend import FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
+from .timeline import END_EVENTS, TimelineEvent, TimelineMsg
 from .tokenizer import (
     AbortMsg,
     BackendErrorMsg,
@@ -40,6 +41,9 @@ __all__ = [
     "LifecycleQueryMsg",
     "LifecycleStateMsg",
     "SchedulerStateMsg",
+    "END_EVENTS",
+    "TimelineEvent",
+    "TimelineMsg",
     "StateQueryMsg",
     "TokenizeMsg",
     "TokenInfo",

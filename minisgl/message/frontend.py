@@ -12,6 +12,7 @@ from __future__ import annotations
 import msgspec
 
 from .errors import ErrorInfo
+from .timeline import TimelineMsg
 
 
 class TokenInfo(msgspec.Struct, array_like=True):
@@ -49,4 +50,4 @@ class LifecycleStateMsg(msgspec.Struct, tag=True):
     scheduler: dict[str, int]
 
 
-FrontendMsg = UserReply | LifecycleStateMsg
+FrontendMsg = UserReply | LifecycleStateMsg | TimelineMsg

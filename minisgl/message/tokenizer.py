@@ -4,7 +4,8 @@ From the API server: TokenizeMsg (creates the request's decode state), AbortMsg 
 it and is forwarded to the scheduler), LifecycleQueryMsg.
 From the scheduler: DetokenizeMsg (one sampled token; the last one carries finish_reason),
 BackendErrorMsg (the request ended with an error; nothing more follows for its uid),
-SchedulerStateMsg (the scheduler's answer to a state query).
+SchedulerStateMsg (the scheduler's answer to a state query), TimelineMsg (its events, passed
+on to the API server).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import msgspec
 from minisgl.core import SamplingParams
 
 from .errors import ErrorInfo
+from .timeline import TimelineMsg
 
 
 class TokenizeMsg(msgspec.Struct, tag=True):
@@ -65,5 +67,11 @@ class SchedulerStateMsg(msgspec.Struct, tag=True):
 
 
 TokenizerMsg = (
-    TokenizeMsg | AbortMsg | LifecycleQueryMsg | DetokenizeMsg | BackendErrorMsg | SchedulerStateMsg
+    TokenizeMsg
+    | AbortMsg
+    | LifecycleQueryMsg
+    | DetokenizeMsg
+    | BackendErrorMsg
+    | SchedulerStateMsg
+    | TimelineMsg
 )

@@ -61,12 +61,14 @@ def scheduler_worker(args, model_dir, channels, ready: Connection) -> None:
     from minisgl.engine.engine import Engine
 
     from .scheduler import Scheduler
+    from .timeline import SchedulerTimeline
 
     configure_worker_logging("scheduler", args.log_level)
     try:
         _share_cpu_cores(args.engine_config.device)
         engine = Engine(dataclasses.replace(args.engine_config, model=str(model_dir)))
-        scheduler = Scheduler(engine, args.scheduler_config)
+        timeline = SchedulerTimeline(detailed=args.debug_history > 0)
+        scheduler = Scheduler(engine, args.scheduler_config, timeline)
         io = ZmqSchedulerIO(
             PullQueue(channels.scheduler, BackendMsg),
             PushQueue(channels.tokenizer, TokenizerMsg),

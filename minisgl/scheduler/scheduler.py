@@ -48,6 +48,7 @@ from minisgl.message import (
     ExitMsg,
     SchedulerStateMsg,
     StateQueryMsg,
+    TimelineMsg,
     TokenizerMsg,
     UserMsg,
 )
@@ -57,6 +58,7 @@ from .config import SchedulerConfig
 from .decode import DecodeManager
 from .prefill import PrefillManager
 from .table import TableManager
+from .timeline import SchedulerTimeline
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +76,15 @@ class SchedulerIO(Protocol):
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, config: SchedulerConfig | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        config: SchedulerConfig | None = None,
+        timeline: SchedulerTimeline | None = None,
+    ) -> None:
         self.engine = engine
+        self.timeline = timeline  # the server's request timelines; None: none recorded
+        self.steps = 0  # steps launched since start
         self.config = config if config is not None else SchedulerConfig()
         self.table_manager = TableManager(engine.config.max_running_requests)
         self.cache_manager = CacheManager(
@@ -124,6 +133,11 @@ class Scheduler:
     def process_msg(self, msg: BackendMsg) -> list[TokenizerMsg]:
         if isinstance(msg, UserMsg):
             error = self._admit(msg)
+            if self.timeline is not None:
+                if error:
+                    self.timeline.rejected(msg.uid, error.error.kind.value)
+                else:
+                    self.timeline.queued(msg.uid, msg.sampling_params.n, len(msg.input_ids))
             return [error] if error else []
         if isinstance(msg, AbortBackendMsg):
             self.abort_req(msg.uid, msg.index)
@@ -223,6 +237,9 @@ class Scheduler:
         reqs = self.prefill_manager.abort_req(uid, index)
         reqs += self.decode_manager.abort_req(uid, index)
         for req in reqs:
+            if self.timeline is not None:  # one choice stopped by a stop string, or all
+                how = "aborted" if index is None else "stop"
+                self.timeline.ended(req, how, sequences=1 + req.forks_left)
             req.forks_left = 0  # an aborted first choice forks no others
             req.ended = True  # a token a launched step still makes for it is dropped
             self._free_req_resources(req)
@@ -273,6 +290,9 @@ class Scheduler:
         if batch is None:
             return None
         sampling = batch.sampling_reqs  # decided before cached_len moves
+        self.steps += 1
+        if self.timeline is not None:  # the step's start, before the forward pass
+            self._record_step(batch)
         handle = self.engine.launch(batch)
         for req in batch.reqs[: batch.decodes]:  # one token each, sampled; already running
             req.cached_len += 1
@@ -287,7 +307,15 @@ class Scheduler:
             if req.forks_left:  # the request's other choices start from its pages
                 self._fork(req)
             self.decode_manager.add_req(req)  # it left the prefill manager with this chunk
-        return _Launched(sampling, handle)
+        return _Launched(sampling, handle, sampling[batch.decodes :])
+
+    def _record_step(self, batch: Batch) -> None:
+        """The step's prefill chunks and its token count, in the request timelines."""
+        tokens = batch.decodes
+        for req in batch.reqs[batch.decodes :]:
+            tokens += req.extend_len
+            self.timeline.prefill(req, req.extend_len, self.steps, req.cached_len)
+        self.timeline.step(tokens)
 
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: one reply per sequence that had not ended."""
@@ -306,11 +334,17 @@ class Scheduler:
             replies.append(reply)
             if req.finish_reason is not None:
                 self._end(req)
+        if self.timeline is not None:  # sequences that sampled from their prompt
+            for req in launched.first:
+                if req.output_len:
+                    self.timeline.first_token(req)
         return replies
 
     def _end(self, req: Req) -> None:
         """A finished sequence leaves whichever manager holds it and frees what it holds."""
         req.ended = True
+        if self.timeline is not None:
+            self.timeline.ended(req, req.finish_reason or "stop")
         self.cache_manager.insert(req)  # the next turn of a conversation starts with it
         if req.key in self.decode_manager.running:
             self.decode_manager.remove_req(req)
@@ -325,6 +359,8 @@ class Scheduler:
         )
         if preempted:
             self.num_preemptions += len(preempted)
+            if self.timeline is not None:
+                self.timeline.preempted(preempted)
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
@@ -367,14 +403,24 @@ class Scheduler:
                     return
                 replies += self.process_msg(msg)
             replies += self.advance()
+            timeline = self.timeline
+            if timeline is not None and timeline.due(timeline.clock(), idle=not self.has_work):
+                replies.append(self.timeline_batch())
             if replies:
                 io.send(replies)
+
+    def timeline_batch(self) -> TimelineMsg:
+        """The timeline events since the last batch, with decode progress and KV pages."""
+        cache = self.cache_manager
+        running = list(self.decode_manager.running.values())
+        return self.timeline.flush(running, (cache.used, cache.cached, cache.total))
 
 
 class _Launched:
     """A step launched on the device: who samples in it and the handle of its tokens."""
 
-    __slots__ = ("sampling", "handle")
+    __slots__ = ("sampling", "handle", "first")
 
-    def __init__(self, sampling: list[Req], handle: StepHandle) -> None:
+    def __init__(self, sampling: list[Req], handle: StepHandle, first: list[Req]) -> None:
         self.sampling, self.handle = sampling, handle
+        self.first = first  # the sequences that sample from their prompt in this step

@@ -6,23 +6,25 @@ or blocks the event loop. Every error is an OpenAI-style body
 `{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics, GET /debug/lifecycle, POST /debug/flush_cache (admin: empties the prefix
-cache when idle). In front of them: X-Request-Id, the API key check and the request body
+GET /metrics, GET /debug/lifecycle, GET /debug/requests (request timelines), GET /debug
+(the live page), POST /debug/flush_cache (admin: empties the prefix cache when idle). In front of them: X-Request-Id, the API key check and the request body
 limit (middleware.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response
+from starlette.responses import HTMLResponse, Response
 
 from minisgl.message import ErrorKind, TokenizeMsg, pack_ids
 
@@ -37,7 +39,7 @@ from .middleware import (
     RequestIdMiddleware,
     request_id_var,
 )
-from .protocol import ChatCompletionRequest, CompletionRequest, ParamError
+from .protocol import MESSAGE_ROLES, ChatCompletionRequest, CompletionRequest, ParamError
 from .response import FullResponse, Job, StreamResponse
 
 logger = logging.getLogger(__name__)
@@ -47,7 +49,16 @@ _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large
 
 def _validation_error(exc: RequestValidationError) -> HttpError:
     first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    raw = [p for p in first.get("loc", ()) if p != "body"]
+    # a message's model is chosen by its role, which pydantic adds to the location
+    # ("messages.0.user.content"): the client named no such field
+    loc = [
+        str(p)
+        for i, p in enumerate(raw)
+        if not (p in MESSAGE_ROLES and i and isinstance(raw[i - 1], int))
+    ]
+    if first.get("type") == "union_tag_invalid":  # an unknown role
+        loc.append("role")
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return HttpError(400, f"the request body is not valid JSON: {first.get('msg')}")
@@ -221,6 +232,16 @@ def create_app(
         body = metrics.render(len(frontend().states), lifecycle)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    @app.get("/debug/requests")
+    async def debug_requests():
+        """Timelines of the requests in flight and of the last --debug-history ended."""
+        return frontend().debug_requests()
+
+    @app.get("/debug", response_class=HTMLResponse)
+    async def debug_page():
+        """The live page: it polls /debug/lifecycle and /debug/requests."""
+        return HTMLResponse(_debug_page())
+
     @app.get("/debug/lifecycle")
     async def debug_lifecycle():
         try:
@@ -250,6 +271,11 @@ def create_app(
 
     _describe_errors_as_openai(app)
     return app
+
+
+@functools.cache
+def _debug_page() -> str:
+    return (Path(__file__).parent / "static" / "debug.html").read_text()
 
 
 _ERROR_SCHEMA = {

@@ -46,6 +46,9 @@ class ServerArgs:
     # SIGTERM: seconds in-flight requests may take to finish; 30 s is the grace period
     # orchestrators usually give before they kill
     shutdown_timeout: float = 30.0
+    # ended requests whose timelines /debug/requests keeps (0: no timelines are recorded,
+    # only the metrics' share of them); 256 covers minutes of a busy laptop's traffic
+    debug_history: int = 256
     shell: bool = False  # interactive chat in the terminal instead of an HTTP server
     prompt: str | None = None  # offline one-shot generation instead of a server
     max_tokens: int | None = None  # for --prompt and --shell; None: their own default
@@ -130,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long in-flight requests may take to finish before abort",
     )
     p.add_argument(
+        "--debug-history",
+        type=int,
+        default=d.debug_history,
+        help="ended requests whose timelines GET /debug/requests keeps (0: record none)",
+    )
+    p.add_argument(
         "--chat-template",
         help="a chat template (.jinja file, or a shipped one: smollm2-tools) instead of the "
         "model's own, for example to give a model tool calling",
@@ -157,6 +166,8 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             build_parser().error(f"--{name.replace('_', '-')} must be positive")
     if ns.shutdown_timeout < 0:
         build_parser().error("--shutdown-timeout must not be negative")
+    if ns.debug_history < 0:
+        build_parser().error("--debug-history must not be negative")
     if ns.chat_template is not None:
         from minisgl.tokenizer.tokenize import chat_template_text
 

@@ -40,6 +40,7 @@ from minisgl.message import (
     FrontendMsg,
     LifecycleQueryMsg,
     LifecycleStateMsg,
+    TimelineMsg,
     TokenizeMsg,
     TokenizerMsg,
     UserReply,
@@ -48,7 +49,8 @@ from minisgl.message import (
 from .buffer import Output, ReplyBuffer
 from .errors import RequestFailed, error_code
 from .metrics import Outcome, ServerMetrics
-from .middleware import request_id_var
+from .middleware import arrival_var, request_id_var
+from .timelines import Timelines
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,8 @@ class RequestState:
     stalled: bool = False
     created_at: float = field(default_factory=time.monotonic)
     last_token_at: float | None = None  # arrival of the latest output token (metrics)
+    arrival: float = 0.0  # when the HTTP request came in (time.monotonic())
+    got_output: bool = False  # a reply with output has come (the timeline's first_output)
 
     @contextmanager
     def sending(self) -> Iterator[None]:
@@ -101,12 +105,14 @@ class FrontendManager:
         max_pending_bytes: int = 1 << 20,
         max_concurrent: int = 1 << 30,
         metrics: ServerMetrics | None = None,
+        timelines: Timelines | None = None,
     ) -> None:
         self._send = send
         self._recv = recv
         self.max_pending_bytes = max_pending_bytes
         self.max_concurrent = max_concurrent
         self.metrics = metrics
+        self.timelines = timelines
         self.draining = False  # set on SIGTERM: finish what runs, take nothing new
         self.uid_counter = itertools.count()
         self.states: dict[int, RequestState] = {}
@@ -154,6 +160,7 @@ class FrontendManager:
     ) -> AsyncIterator[RequestState]:
         self.check_admission()
         state = self.new_user(n, event)
+        admitted = time.monotonic()
         try:
             self.send_one(make_msg(state.uid))
         except BaseException as exc:  # nothing reached the workers: nothing to abort
@@ -163,16 +170,56 @@ class FrontendManager:
                 message = f"the request cannot be encoded: {exc}"
                 raise RequestFailed(ErrorInfo(ErrorKind.UNENCODABLE_REQUEST, message)) from exc
             raise
+        arrival, endpoint = arrival_var.get() or (state.created_at, "-")
+        state.arrival = arrival
+        if self.timelines is not None:
+            self.timelines.start(state.uid, state.request_id, endpoint, arrival, admitted)
         try:
             yield state
         finally:
+            ended = time.monotonic()  # before the abort: the workers' ends come after it
             del self.states[state.uid]
             if not state.terminal:  # left early: the workers must drop this uid too
                 self.send_one(AbortMsg(state.uid))
-            if self.metrics is not None:
-                self.metrics.on_request_end(*state.outcome())
+            self._on_end(state, ended)
 
     # --8<-- [end:request_scope]
+
+    def _on_end(self, state: RequestState, ended: float) -> None:
+        """Tell the metrics and the timeline how the request ended."""
+        outcome, code = state.outcome()
+        error = state.buffer.error
+        if self.metrics is not None:
+            self.metrics.on_request_end(outcome, code)
+            if outcome is Outcome.FINISHED:
+                self.metrics.on_finished(ended - state.arrival)
+        if self.timelines is None:
+            return
+        detail: dict[str, str | None]
+        if outcome is Outcome.FINISHED:
+            event, detail = "finished", {"reason": state.buffer.choices[0].finish_reason}
+        elif outcome is Outcome.ABORTED_CLIENT:
+            event, detail = "aborted", {"by": "client_disconnect"}
+        elif outcome is Outcome.ABORTED_SLOW_CLIENT:
+            event, detail = "aborted", {"by": "stall" if error is None else "slow_client"}
+        elif error is not None and error.kind is ErrorKind.SHUTTING_DOWN:
+            event, detail = "aborted", {"by": "shutdown"}
+        else:
+            event, detail = "error", {"code": code, "kind": error.kind.value if error else None}
+        buffer = state.buffer
+        self.timelines.end(
+            state.uid, event, ended, buffer.prompt_tokens, buffer.completion_tokens, **detail
+        )
+
+    def debug_requests(self) -> dict:
+        """GET /debug/requests: the timelines of requests in flight and recently ended."""
+        if self.timelines is None:
+            return {"in_flight": [], "ended": [], "history": 0, "late_events": 0, "kv_pages": []}
+        counts = {
+            uid: (s.buffer.prompt_tokens, s.buffer.completion_tokens)
+            for uid, s in self.states.items()
+        }
+        return self.timelines.snapshot(counts)
 
     # --8<-- [start:listen]
     async def listen(self) -> None:
@@ -182,11 +229,18 @@ class FrontendManager:
                     if (fut := self._queries.get(msg.query_id)) and not fut.done():
                         fut.set_result(msg)
                     continue
+                if isinstance(msg, TimelineMsg):
+                    self._on_timeline(msg)
+                    continue
                 state = self.states.get(msg.uid)
                 if state is None or state.terminal:
                     continue  # a late reply: its request is gone or already ended
                 if self.metrics is not None:
                     self._count_tokens(state, msg)
+                if not state.got_output and msg.completion_tokens:
+                    state.got_output = True
+                    if self.timelines is not None:
+                        self.timelines.record(state.uid, "first_output")
                 if state.buffer.append(msg):
                     state.event.set()
                 if msg.finished:
@@ -195,6 +249,12 @@ class FrontendManager:
                     self._fail_slow_client(state)
 
     # --8<-- [end:listen]
+
+    def _on_timeline(self, msg: TimelineMsg) -> None:
+        if self.timelines is not None:
+            self.timelines.add(msg)
+        if self.metrics is not None:
+            self.metrics.on_timeline(msg)
 
     def _count_tokens(self, state: RequestState, reply: UserReply) -> None:
         new_tokens = reply.completion_tokens - state.buffer.choices[reply.index].tokens

@@ -39,6 +39,7 @@ from .args import ServerArgs
 from .errors import unavailable
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
+from .timelines import Timelines
 
 logger = logging.getLogger(__name__)
 
@@ -223,6 +224,7 @@ def connect_frontend(
         max_pending_bytes=args.max_pending_bytes,
         max_concurrent=args.max_concurrent_requests,
         metrics=metrics,
+        timelines=Timelines(args.debug_history),
     )
 
 

@@ -4,9 +4,11 @@ Contract: one `ServerMetrics` per app, on its own registry (no global state). It
 counts what it is told; it reads no request state. The FrontendManager reports tokens as
 they arrive (`on_first_token`, `on_tokens`) and, when a request's scope closes, the
 `Outcome` it decided with its error code (`on_request_end`); the HTTP layer reports
-requests refused before they reached the backend (`on_rejected`). Gauges of the workers
-(running, pending, KV pages) are read at scrape time from the same state query that serves
-/debug/lifecycle.
+requests refused before they reached the backend (`on_rejected`). The scheduler's share
+of each request's timeline (`on_timeline`) gives the metrics vLLM exposes under the same
+names and meanings: queue, prefill, decode and inference time of each finished request,
+preemptions and the tokens of each step. Gauges of the workers (running, pending, KV
+pages) are read at scrape time from the same state query that serves /debug/lifecycle.
 """
 
 from __future__ import annotations
@@ -15,8 +17,13 @@ import enum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from minisgl.message import TimelineMsg
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM's buckets for request-level times and for tokens per step
+_REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+_STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class Outcome(enum.Enum):
@@ -83,6 +90,41 @@ class ServerMetrics:
         )
         self._prefix_seen = (0, 0)  # the scheduler's running totals at the last scrape
 
+        def request_time(name: str, what: str) -> Histogram:
+            return Histogram(name, what, buckets=_REQUEST_BUCKETS, registry=r)
+
+        self.e2e = request_time(
+            "minisgl_e2e_request_latency_seconds",
+            "Finished requests: from arrival at the API server to their end",
+        )
+        self.queue_time = request_time(
+            "minisgl_request_queue_time_seconds",
+            "Finished requests: time queued in the scheduler before their first prefill step",
+        )
+        self.prefill_time = request_time(
+            "minisgl_request_prefill_time_seconds",
+            "Finished requests: from their first prefill step to their first token",
+        )
+        self.decode_time = request_time(
+            "minisgl_request_decode_time_seconds",
+            "Finished requests: from their first token to their last",
+        )
+        self.inference_time = request_time(
+            "minisgl_request_inference_time_seconds",
+            "Finished requests: prefill time plus decode time",
+        )
+        self.preemptions = Counter(
+            "minisgl_num_preemptions",
+            "Sequences preempted (their KV pages taken back, recomputed later)",
+            registry=r,
+        )
+        self.step_tokens = Histogram(
+            "minisgl_iteration_tokens_total",
+            "Tokens computed per scheduler step (prefill chunks plus decodes)",
+            buckets=_STEP_TOKEN_BUCKETS,
+            registry=r,
+        )
+
     # ------------------------------------------------------------ events
     def on_first_token(self, ttft: float, prompt_tokens: int) -> None:
         self.ttft.observe(ttft)
@@ -97,6 +139,25 @@ class ServerMetrics:
 
     def on_request_end(self, outcome: Outcome, code: str = "") -> None:
         self.requests.labels(outcome.value, code).inc()
+
+    def on_finished(self, e2e: float) -> None:
+        self.e2e.observe(e2e)
+
+    def on_timeline(self, msg: TimelineMsg) -> None:
+        """What the scheduler's timeline batch says about finished requests and steps."""
+        for tokens in msg.step_tokens:
+            self.step_tokens.observe(tokens)
+        for e in msg.events:
+            if e.process != "scheduler":
+                continue
+            if e.event == "preempted":
+                self.preemptions.inc()
+            elif e.event == "finished" and e.detail and "decode_s" in e.detail:
+                d = e.detail
+                self.queue_time.observe(d["queue_s"])
+                self.prefill_time.observe(d["prefill_s"])
+                self.decode_time.observe(d["decode_s"])
+                self.inference_time.observe(d["prefill_s"] + d["decode_s"])
 
     def on_rejected(self, code: str) -> None:
         self.requests.labels("error", code).inc()

@@ -3,9 +3,12 @@
 - `RequestIdMiddleware`: every response carries `X-Request-Id`, the client's own when it
   sent one, else a fresh one; while the request is served the id is in `request_id_var`,
   so log lines about the request can name it.
-- `ApiKeyMiddleware`: with an API key set, every `/v1/*` route and the admin route
-  `POST /debug/flush_cache` require `Authorization: Bearer <key>`, compared in constant
-  time; otherwise 401. Other routes (/health, /metrics, /debug/lifecycle) stay open.
+- `ApiKeyMiddleware`: with an API key set, every `/v1/*` route, the admin route
+  `POST /debug/flush_cache`, the request timelines `GET /debug/requests` and the live page
+  `GET /debug` require `Authorization: Bearer <key>` (or HTTP Basic auth with the key as
+  the password, which a browser asks for on the live page and then sends with the page's
+  own requests), compared in constant time; otherwise 401. Other routes (/health,
+  /metrics, /debug/lifecycle: counts only) stay open.
 - `BodyLimitMiddleware`: a request body over the limit is answered 413 before any route
   reads it, whether it declares a Content-Length or streams chunks.
 All error answers use the OpenAI error body, and are counted through `on_reject(code)`.
@@ -13,9 +16,11 @@ All error answers use the OpenAI error body, and are counted through `on_reject(
 
 from __future__ import annotations
 
+import base64
 import contextvars
 import hmac
 import re
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +30,10 @@ from starlette.exceptions import HTTPException
 from .errors import HttpError
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
+# (time.monotonic() when the request came in, its path): where its timeline starts
+arrival_var: contextvars.ContextVar[tuple[float, str] | None] = contextvars.ContextVar(
+    "arrival", default=None
+)
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -45,6 +54,7 @@ class RequestIdMiddleware:
         given = (_header(scope, b"x-request-id") or b"").decode("latin-1")
         request_id = given if _VALID_ID.match(given) else uuid.uuid4().hex
         token = request_id_var.set(request_id)
+        arrival = arrival_var.set((time.monotonic(), scope["path"]))
 
         async def send_with_id(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -57,29 +67,43 @@ class RequestIdMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             request_id_var.reset(token)
+            arrival_var.reset(arrival)
 
 
 def _no_count(code: str) -> None:
     pass
 
 
-PROTECTED = ("/v1/", "/debug/flush_cache")  # path prefixes behind the API key
+PROTECTED = ("/v1/", "/debug/flush_cache", "/debug/requests")  # path prefixes behind the key
+PAGES = ("/debug", "/debug/")  # pages a browser opens: it is asked for Basic auth
 
 
 class ApiKeyMiddleware:
     def __init__(self, app, api_key: str, on_reject: Callable[[str], None] = _no_count) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
+        self.key = api_key.encode()
         self.on_reject = on_reject
 
+    def _authorized(self, given: bytes) -> bool:
+        if given[:6].lower() == b"basic ":  # a browser: any user name, the key as password
+            try:
+                _, _, password = base64.b64decode(given[6:].strip(), validate=True).partition(b":")
+            except ValueError:
+                return False
+            return hmac.compare_digest(password, self.key)
+        return hmac.compare_digest(given, self.expected)  # constant time
+
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith(PROTECTED):
-            given = _header(scope, b"authorization") or b""
-            if not hmac.compare_digest(given, self.expected):  # constant time
+        path = scope.get("path", "")
+        page = path in PAGES
+        if scope["type"] == "http" and (page or path.startswith(PROTECTED)):
+            if not self._authorized(_header(scope, b"authorization") or b""):
                 self.on_reject("invalid_api_key")
                 message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
                 error = HttpError(401, message, code="invalid_api_key")
-                response = error.response(headers={"WWW-Authenticate": "Bearer"})
+                challenge = 'Basic realm="minisgl"' if page else "Bearer"
+                response = error.response(headers={"WWW-Authenticate": challenge})
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 

@@ -67,23 +67,11 @@ class AssistantToolCall(_Strict):
         return {"id": self.id, "type": "function", "function": function}
 
 
-class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # None only for an assistant's tool calls
-    name: str | None = None
-    tool_calls: list[AssistantToolCall] | None = None  # an assistant turn that called tools
-    tool_call_id: str | None = None  # a tool's answer: the call it answers
-    refusal: str | None = None  # sent back with an assistant turn by some clients; unused
+Content = str | list[TextPart]
 
-    @model_validator(mode="after")
-    def _check_message(self):
-        if self.tool_calls and self.role != "assistant":
-            raise ParamError("messages", "only assistant messages carry tool_calls")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ParamError("messages", f"a {self.role} message needs content")
-        if (self.role == "tool") != (self.tool_call_id is not None):
-            raise ParamError("messages", "tool messages, and only they, carry tool_call_id")
-        return self
+
+class _Message(_Strict):
+    """One message of the conversation; `as_template_input` is what chat templates read."""
 
     def as_template_input(self) -> dict[str, Any]:
         content = self.content
@@ -91,14 +79,61 @@ class ChatMessage(_Strict):
             content = "".join(part.text for part in content)
         # "developer" is OpenAI's newer name for the system role; chat templates know "system"
         role = "system" if self.role == "developer" else self.role
-        out: dict[str, Any] = {"role": role, "content": content}
+        return {"role": role, "content": content}
+
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"]
+    content: Content
+    name: str | None = None
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: Content
+    name: str | None = None
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: Content | None = None  # None (or absent) when the turn only called tools
+    name: str | None = None
+    tool_calls: list[AssistantToolCall] | None = None  # the tools this turn called
+    refusal: str | None = None  # sent back with an assistant turn by some clients; unused
+
+    @model_validator(mode="after")
+    def _check_message(self):
+        if self.content is None and not self.tool_calls:
+            raise ParamError("messages", "an assistant message needs content or tool_calls")
+        return self
+
+    def as_template_input(self) -> dict[str, Any]:
+        out = super().as_template_input()
         if self.tool_calls:
             out["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-            if self.name is not None:
-                out["name"] = self.name
         return out
+
+
+class ToolMessage(_Message):
+    """A tool's result, answering the assistant's call `tool_call_id`."""
+
+    role: Literal["tool"]
+    content: Content
+    tool_call_id: str
+    name: str | None = None  # the function's name, which some templates show
+
+    def as_template_input(self) -> dict[str, Any]:
+        out = {**super().as_template_input(), "tool_call_id": self.tool_call_id}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+# one model per role, told apart by `role` (as in OpenAI's own API description)
+ChatMessage = Annotated[
+    SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")
+]
+MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 
 class FunctionDef(_Strict):

@@ -12,6 +12,9 @@ Contract (per uid):
 - BackendErrorMsg: drop the decode state, send the error on as the terminal UserReply.
 - LifecycleQueryMsg: forwarded to the scheduler; its answer comes back as SchedulerStateMsg
   and goes to the API server together with this worker's own counts.
+- TimelineMsg (the scheduler's timeline events): passed on to the API server, with this
+  worker's own events (tokenized, first output, stop string, and its end: finished,
+  aborted or error) added, in the batch that goes out after the messages that caused them.
 Consecutive DetokenizeMsgs are decoded in one batched tokenizer call.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -37,6 +41,8 @@ from minisgl.message import (
     LifecycleStateMsg,
     SchedulerStateMsg,
     StateQueryMsg,
+    TimelineEvent,
+    TimelineMsg,
     TokenInfo,
     TokenizeMsg,
     TokenizerMsg,
@@ -57,11 +63,33 @@ class TokenizerWorker:
         tokenizer,
         send_backend: Callable[[list[BackendMsg]], None],
         send_frontend: Callable[[list[FrontendMsg]], None],
+        timeline: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.detokenize_manager = DetokenizeManager(tokenizer)
         self.send_backend = send_backend
         self.send_frontend = send_frontend
+        self.timeline = timeline  # record this worker's own timeline events
+        self._batch = TimelineMsg([])  # events to pass on with the next send
+
+    def _event(self, uid: int, event: str, **detail) -> None:
+        if self.timeline:
+            self._batch.events.append(
+                TimelineEvent(uid, "tokenizer", event, time.monotonic(), detail or None)
+            )
+
+    def _take_timeline(self) -> list[FrontendMsg]:
+        batch = self._batch
+        if not (batch.events or batch.step_tokens or batch.kv):
+            return []
+        self._batch = TimelineMsg([])
+        return [batch]
+
+    def _pass_on(self, msg: TimelineMsg) -> None:
+        """The scheduler's timeline batch joins this worker's."""
+        self._batch.events += msg.events
+        self._batch.step_tokens += msg.step_tokens
+        self._batch.kv = msg.kv or self._batch.kv
 
     def state(self) -> dict[str, int]:
         return {"decode_states": len(self.detokenize_manager.decode_map)}
@@ -80,6 +108,8 @@ class TokenizerWorker:
             if isinstance(msg, TokenizeMsg):
                 to_backend += self._tokenize(msg, to_frontend)
             elif isinstance(msg, AbortMsg):
+                if msg.uid in self.detokenize_manager.decode_map:
+                    self._event(msg.uid, "aborted")
                 self.detokenize_manager.remove(msg.uid)  # the decode state goes too
                 to_backend.append(AbortBackendMsg(msg.uid))
             elif isinstance(msg, BackendErrorMsg):
@@ -88,7 +118,10 @@ class TokenizerWorker:
                 to_backend.append(StateQueryMsg(msg.query_id, msg.flush_cache))
             elif isinstance(msg, SchedulerStateMsg):
                 to_frontend.append(LifecycleStateMsg(msg.query_id, self.state(), msg.state))
+            elif isinstance(msg, TimelineMsg):
+                self._pass_on(msg)
         to_frontend += self._detokenize(run, to_backend)
+        to_frontend += self._take_timeline()  # after the replies its events describe
         self.send_backend(to_backend)
         self.send_frontend(to_frontend)
 
@@ -103,17 +136,15 @@ class TokenizerWorker:
                 ids = build_prompt_ids(self.tokenizer, prompt, msg.tools)
         except ToolsUnsupported as exc:
             error = ErrorInfo(ErrorKind.INVALID_PROMPT, str(exc), "tools")
-            to_frontend.append(UserReply(msg.uid, finished=True, error=error))
-            return []
+            return self._refuse(msg.uid, error, to_frontend)
         except Exception as exc:  # a template or tokenizer error is the request's, not ours
             logger.info("uid %d: cannot tokenize: %s", msg.uid, exc)
             error = ErrorInfo(ErrorKind.INVALID_PROMPT, f"cannot tokenize the prompt: {exc}")
-            to_frontend.append(UserReply(msg.uid, finished=True, error=error))
-            return []
+            return self._refuse(msg.uid, error, to_frontend)
         params = msg.sampling_params
         if (error := self._check_constraints(msg)) is not None:  # before the scheduler
-            to_frontend.append(UserReply(msg.uid, finished=True, error=error))
-            return []
+            return self._refuse(msg.uid, error, to_frontend)
+        self._event(msg.uid, "tokenized", prompt_tokens=len(ids))
         # the decode state is created here, with the prompt, never by a first token
         echo = ""
         if msg.echo:
@@ -126,6 +157,12 @@ class TokenizerWorker:
             msg.uid, len(ids), params.n, params.stop, params.min_tokens, echo=echo
         )
         return [UserMsg.make(msg.uid, ids, params)]
+
+    def _refuse(self, uid: int, error: ErrorInfo, to_frontend: list[FrontendMsg]) -> list:
+        """A request that cannot start: one error reply, no decode state, nothing sent on."""
+        self._event(uid, "error", kind=error.kind.value)
+        to_frontend.append(UserReply(uid, finished=True, error=error))
+        return []
 
     def _check_constraints(self, msg: TokenizeMsg) -> ErrorInfo | None:
         """A schema or grammar that cannot constrain decoding: the error that refuses the
@@ -163,8 +200,13 @@ class TokenizerWorker:
         for msg, decoded, info in zip(run, decoded_run, token_infos):
             if decoded is None:
                 continue  # late token of an aborted request or stopped choice: dropped
+            if self.timeline and decoded.completion_tokens == 1 and msg.index == 0:
+                self._event(msg.uid, "first_output")
             if decoded.stop_hit:  # a stop string ended this choice: the scheduler stops it
                 to_backend.append(AbortBackendMsg(msg.uid, msg.index))
+                self._event(msg.uid, "stop_string", index=msg.index)
+            if decoded.finished:
+                self._event(msg.uid, "finished", reason=decoded.finish_reason)
             replies.append(
                 UserReply(
                     msg.uid,
@@ -211,6 +253,7 @@ class TokenizerWorker:
         if state is None:
             return []  # already aborted: the API server has forgotten this uid
         self.detokenize_manager.remove(msg.uid)
+        self._event(msg.uid, "error", kind=msg.error.kind.value)
         generated = sum(c.tokens for c in state.choices)
         return [
             UserReply(
@@ -236,7 +279,9 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection) -> None:
         inbox = PullQueue(channels.tokenizer, TokenizerMsg)
         to_scheduler = PushQueue(channels.scheduler, BackendMsg)
         to_api = PushQueue(channels.frontend, FrontendMsg)
-        worker = TokenizerWorker(tokenizer, to_scheduler.put, to_api.put)
+        worker = TokenizerWorker(
+            tokenizer, to_scheduler.put, to_api.put, timeline=args.debug_history > 0
+        )
     except Exception as exc:
         ready.send(("error", f"tokenizer worker failed to start: {exc}"))
         raise SystemExit(1) from exc

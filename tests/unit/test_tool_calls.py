@@ -220,10 +220,13 @@ def chat_request(**extra) -> ChatCompletionRequest:
         ({"messages": [{"role": "user", "content": None}]}, "messages"),
         ({"messages": [{"role": "tool", "content": "20C"}]}, "messages"),
         ({"messages": [{"role": "user", "content": "x", "tool_call_id": "a"}]}, "messages"),
+        ({"messages": [{"role": "assistant"}]}, "messages"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}, "messages"),
     ],
     ids=[
         "empty_tools", "duplicate_names", "choice_without_tools", "unknown_named_choice",
         "json_with_tools", "null_user_content", "tool_without_call_id", "call_id_not_on_tool",
+        "empty_assistant", "tool_calls_not_on_assistant",
     ],
 )  # fmt: skip
 def test_inconsistent_tool_fields_are_refused_naming_the_field(extra, param):

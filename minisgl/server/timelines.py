@@ -1,0 +1,172 @@
+"""Timelines: the API server's record of each request's life in all three processes.
+
+Contract: `start(uid, ...)` opens a request's timeline when its scope begins (with when
+the HTTP request came in and when its TokenizeMsg went out); `record(uid, event, ...)` adds an event of the API
+server; `add(msg)` adds a batch of the workers' events (`TimelineMsg`); `end(uid, event,
+...)` records the API server's end and moves the timeline to the ring of ended ones, which
+keeps the last `history` (0: none). Workers' events that come after the API server's end
+still join their timeline while it is in the ring; events for a uid that is in neither
+are dropped. Within one process, an end event ("finished", "aborted", "error") is the
+last: an event after it is not recorded but counted (`late_events`), so that a test can
+prove there are none.
+
+Consecutive "decode" spans of the scheduler are merged into one, so a long request keeps
+a handful of events, not one per flush. The KV page samples that come with the
+scheduler's batches are kept for the last KV_WINDOW_S seconds, at most one per second.
+
+`snapshot(now)` is the body of GET /debug/requests: times are seconds since the request's
+arrival; prompts and outputs are never recorded, only counts.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from minisgl.message import END_EVENTS, TimelineEvent, TimelineMsg
+
+API = "api"
+KV_WINDOW_S = 300.0
+
+
+@dataclass
+class Timeline:
+    uid: int
+    request_id: str
+    endpoint: str
+    arrival: float  # time.monotonic() when the HTTP request came in
+    events: list[TimelineEvent] = field(default_factory=list)
+    ended: set[str] = field(default_factory=set)  # processes whose end is recorded
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, event: TimelineEvent) -> bool:
+        """Add `event`; False if its process has already ended this request."""
+        if event.process in self.ended:
+            return False
+        last = next((e for e in reversed(self.events) if e.process == event.process), None)
+        if event.event == "decode" and last is not None and last.event == "decode":
+            # one span of decoding, however many batches reported it
+            last.t_end = event.t_end
+            last.detail = {"tokens": (last.detail or {}).get("tokens", 0) + _tokens(event)}
+            return True
+        self.events.append(event)
+        if event.event in END_EVENTS:
+            self.ended.add(event.process)
+        return True
+
+    def state(self) -> str:
+        """running, or how the API server ended it."""
+        for event in reversed(self.events):
+            if event.process == API and event.event in END_EVENTS:
+                return event.event
+        return "running"
+
+    def as_dict(self) -> dict[str, Any]:
+        events = []
+        for e in sorted(self.events, key=lambda e: e.t):
+            item: dict[str, Any] = {
+                "process": e.process,
+                "event": e.event,
+                "t": round(e.t - self.arrival, 6),
+            }
+            if e.t_end is not None:
+                item["t_end"] = round(e.t_end - self.arrival, 6)
+            if e.detail:
+                item.update(e.detail)
+            events.append(item)
+        return {
+            "uid": self.uid,
+            "request_id": self.request_id,
+            "endpoint": self.endpoint,
+            "state": self.state(),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "events": events,
+        }
+
+
+def _tokens(event: TimelineEvent) -> int:
+    return int((event.detail or {}).get("tokens", 0))
+
+
+class Timelines:
+    def __init__(self, history: int, clock=time.monotonic) -> None:
+        self.history = history
+        self.clock = clock
+        self.live: dict[int, Timeline] = {}
+        self.done: OrderedDict[int, Timeline] = OrderedDict()  # oldest first
+        self.kv: deque[tuple[float, int, int, int]] = deque()
+        self.late_events = 0  # events after their process's end (there should be none)
+
+    def start(
+        self, uid: int, request_id: str, endpoint: str, arrival: float, admitted: float
+    ) -> None:
+        """`arrival`: the HTTP request came in; `admitted`: its TokenizeMsg went out."""
+        timeline = Timeline(uid, request_id, endpoint, arrival)
+        timeline.add(TimelineEvent(uid, API, "received", arrival))
+        timeline.add(TimelineEvent(uid, API, "admitted", admitted))
+        self.live[uid] = timeline
+
+    def _find(self, uid: int) -> Timeline | None:
+        return self.live.get(uid) or self.done.get(uid)
+
+    def record(self, uid: int, event: str, **detail: Any) -> None:
+        """An event of the API server itself, now."""
+        timeline = self.live.get(uid)
+        if timeline is not None:
+            timeline.add(TimelineEvent(uid, API, event, self.clock(), detail or None))
+
+    def add(self, msg: TimelineMsg) -> None:
+        for event in msg.events:
+            timeline = self._find(event.uid)
+            if timeline is not None and not timeline.add(event):
+                self.late_events += 1
+        if msg.kv is not None and (not self.kv or msg.kv[0] - self.kv[-1][0] >= 1.0):
+            self.kv.append(msg.kv)
+            while self.kv and msg.kv[0] - self.kv[0][0] > KV_WINDOW_S:
+                self.kv.popleft()
+
+    def end(
+        self,
+        uid: int,
+        event: str,
+        t: float,
+        prompt_tokens: int,
+        output_tokens: int,
+        **detail: Any,
+    ) -> Timeline | None:
+        """The API server's end of a request at `t`; its timeline joins the ended ones."""
+        timeline = self.live.pop(uid, None)
+        if timeline is None:
+            return None
+        timeline.prompt_tokens, timeline.output_tokens = prompt_tokens, output_tokens
+        timeline.add(TimelineEvent(uid, API, event, t, detail or None))
+        if self.history > 0:
+            self.done[uid] = timeline
+            while len(self.done) > self.history:
+                self.done.popitem(last=False)
+        return timeline
+
+    def snapshot(self, counts: dict[int, tuple[int, int]]) -> dict[str, Any]:
+        """GET /debug/requests: in-flight requests (with their token counts so far, from
+        `counts`), ended ones newest first, and the KV page samples."""
+        now = self.clock()
+        in_flight = []
+        for uid, timeline in self.live.items():
+            timeline.prompt_tokens, timeline.output_tokens = counts.get(uid, (0, 0))
+            item = timeline.as_dict()
+            item["age"] = round(now - timeline.arrival, 6)
+            in_flight.append(item)
+        return {
+            "in_flight": in_flight,
+            "ended": [t.as_dict() for t in reversed(self.done.values())],
+            "history": self.history,
+            "late_events": self.late_events,
+            # (seconds before now, pages used by live requests, cached-only pages, total)
+            "kv_pages": [
+                (round(t - now, 3), used, cached, total) for t, used, cached, total in self.kv
+            ],
+        }
