@@ -71,3 +71,54 @@ def flat_lifecycle(state: dict) -> dict[str, int]:
         "scheduler.table_slots_used": sched["table_slots_used"],
         "scheduler.kv_pages_used": sched["kv_pages_used"],
     }
+
+
+# ---------------------------------------------------------------- timelines
+PROCESSES = ("api", "tokenizer", "scheduler")
+PHASE_COLOURS = {"queued": "#f2c14e", "prefill": "#4e79a7", "decode": "#59a14f"}
+END_COLOURS = {"finished": "#2e7d32", "aborted": "#e15759", "error": "#b71c1c"}
+
+
+def _phases(events: list[dict]) -> list[tuple[str, float, float]]:
+    """The scheduler's phases of one timeline: (name, start, end) in seconds."""
+    sched = [e for e in events if e["process"] == "scheduler"]
+    at = {}
+    for e in sched:
+        at.setdefault(e["event"], e["t"])
+    end = next((e["t"] for e in sched if e["event"] in END_COLOURS), None)
+    cuts = [("queued", at.get("queued")), ("prefill", at.get("prefill", at.get("first_token"))),
+            ("decode", at.get("first_token")), (None, end)]  # fmt: skip
+    cuts = [(name, t) for name, t in cuts if t is not None]
+    return [(name, t, cuts[i + 1][1]) for i, (name, t) in enumerate(cuts[:-1]) if name]
+
+
+def draw_timeline(timeline: dict, ax=None, title: str | None = None):
+    """One request's timeline from GET /debug/requests: a lane per process, the
+    scheduler's phases as bars, every event as a dot, each process's end as a marker
+    (green: finished; red: aborted or error, with who or what ended it)."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 2.4))
+    lanes = {p: i for i, p in enumerate(reversed(PROCESSES))}
+    for name, start, end in _phases(timeline["events"]):
+        ax.barh(lanes["scheduler"], end - start, left=start, height=0.5,
+                color=PHASE_COLOURS[name], label=name)  # fmt: skip
+    for e in timeline["events"]:
+        y = lanes[e["process"]]
+        if e["event"] in END_COLOURS:
+            colour = END_COLOURS[e["event"]]
+            ax.plot(e["t"], y, marker="X" if e["event"] != "finished" else "|", ms=14,
+                    mew=2.5, color=colour, zorder=5)  # fmt: skip
+            why = e.get("by") or e.get("code") or e.get("kind") or e.get("reason") or ""
+            ax.annotate(f"{e['event']} {why}".strip(), (e["t"], y), xytext=(6, 7),
+                        textcoords="offset points", fontsize=8, color=colour)  # fmt: skip
+        elif e["event"] != "decode":
+            ax.plot(e["t"], y, "o", ms=4, color="#333", zorder=4)
+    ax.set_yticks(list(lanes.values()), [p for p in lanes])
+    ax.set_ylim(-0.7, len(PROCESSES) - 0.3)
+    ax.set_xlabel("seconds since the request arrived")
+    ax.set_title(title or f"{timeline['request_id']} ({timeline['state']})", loc="left")
+    ax.grid(axis="x", alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles, labels, loc="lower right", fontsize=8, ncols=3)
+    return ax.figure

@@ -10,8 +10,12 @@ Contract:
 - A cell that raises, a cell past the timeout, or a kernel that dies fails the build,
   naming the notebook and the error.
 - Each notebook's execution time is logged at INFO (`mkdocs build` shows it).
+- Figures a notebook saves for the chapter's pages (into chapters/generated/, which git
+  ignores) join the site's files after the notebooks have run, so the pages that show
+  them always show this build's run.
 - `MINISGL_SITE_EXECUTE=0` skips the execution, for a quick local preview: the notebook
-  pages then show no outputs. CI and the site test never set it.
+  pages then show no outputs (and the chapter's generated figures are those of the last
+  build, or missing). CI and the site test never set it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 
 CELL_TIMEOUT = 600  # seconds for one cell; the slowest (a real server's start) takes ~30
+GENERATED = "generated"  # under the docs folder: figures the notebooks make for the pages
 NOTEBOOKS = Path(__file__).resolve().parent
 
 log = logging.getLogger(f"mkdocs.plugins.{__name__}")
@@ -75,7 +80,19 @@ def on_files(files, config):
         seconds = execute(src, dest)
         log.info("executed %s in %.1f s", file.src_uri, seconds)
         file.abs_src_path = str(dest)  # what mkdocs-jupyter renders and offers for download
+    _add_generated(files, config)
     return files
+
+
+def _add_generated(files, config) -> None:
+    """Figures the notebooks wrote for the chapter (chapters/generated/) join the site."""
+    from mkdocs.structure.files import File
+
+    docs = Path(config["docs_dir"])
+    for path in sorted((docs / GENERATED).glob("*")):
+        uri = path.relative_to(docs).as_posix()
+        if files.get_file_from_path(uri) is None:
+            files.append(File(uri, str(docs), config["site_dir"], config["use_directory_urls"]))
 
 
 def on_post_build(config):
