@@ -10,10 +10,16 @@ abort by uid). `generate` returns one `RequestOutput` per prompt, in order: text
 and finish reason (of each choice, when n > 1), or an error message for a prompt the
 scheduler refused. `stream` yields text as it is produced; leaving it early aborts the
 requests still running, so nothing is left in the scheduler.
+
+`LLM(tp_size=N)` shards the model over N ranks on torch.distributed (gloo on the CPU, NCCL
+on CUDA, one GPU per rank): this process is rank 0 and starts the other N - 1 as child
+processes (`minisgl.distributed_worker`), which follow its scheduler. `close()` stops them
+(also at interpreter exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -22,7 +28,13 @@ from typing import Any
 from minisgl.core import SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
-from minisgl.message import BackendErrorMsg, DetokenizeMsg, TokenLogprob, UserMsg
+from minisgl.message import (
+    AbortBackendMsg,
+    BackendErrorMsg,
+    DetokenizeMsg,
+    TokenLogprob,
+    UserMsg,
+)
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.config import SchedulerConfig, split_options
 from minisgl.tokenizer import DetokenizeManager, build_prompt_ids, load_tokenizer
@@ -86,12 +98,33 @@ class LLM:
         if unknown:
             names = ", ".join(sorted(unknown))
             raise TypeError(f"LLM() got options that neither configuration has: {names}")
-        self.engine = Engine(replace(engine_config or EngineConfig(), **engine_options))
-        self.scheduler = Scheduler(
-            self.engine, replace(scheduler_config or SchedulerConfig(), **scheduler_options)
-        )
+        engine_config = replace(engine_config or EngineConfig(), **engine_options)
+        scheduler_config = replace(scheduler_config or SchedulerConfig(), **scheduler_options)
+        self._followers = []
+        if engine_config.tp_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
+            from minisgl.distributed_worker import start_ranks
+
+            self._followers = start_ranks(engine_config, scheduler_config)
+        self.engine = Engine(engine_config)
+        self.scheduler = Scheduler(self.engine, scheduler_config)
         self.tokenizer = load_tokenizer(self.engine.model_dir)
         self._uids = itertools.count()
+        if self._followers:
+            atexit.register(self.close)
+
+    def close(self) -> None:
+        """Stop the other ranks (tensor parallelism); a no-op otherwise, and when repeated."""
+        if not self._followers:
+            return
+        from minisgl.distributed import destroy_tp
+
+        followers, self._followers = self._followers, []
+        self.scheduler.stop_followers()
+        for proc in followers:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        destroy_tp()
 
     def generate(
         self,
@@ -129,7 +162,7 @@ class LLM:
                 yield from self._apply(self.scheduler.advance(), live, detok)
         finally:
             for uid in live:  # the consumer left early: nothing stays in the scheduler
-                self.scheduler.abort_req(uid)
+                self.scheduler.process_msg(AbortBackendMsg(uid))
 
     def _apply(self, replies, live, detok) -> Iterator[StreamEvent]:
         tokens = [r for r in replies if isinstance(r, DetokenizeMsg)]
@@ -158,7 +191,7 @@ class LLM:
             choice.text += text
             choice.finish_reason = decoded.finish_reason if decoded else reply.finish_reason
             if decoded is not None and decoded.stop_hit:
-                self.scheduler.abort_req(reply.uid, reply.index)
+                self.scheduler.process_msg(AbortBackendMsg(reply.uid, reply.index))
             if output.finished:
                 del live[reply.uid]
             yield StreamEvent(index, reply.index, text, output)

@@ -93,11 +93,14 @@ def make_tokenizer(out_dir: Path):
     return fast
 
 
-def make_checkpoint(arch: str, out_dir: Path) -> Path:
-    """Write config, random weights (seeded) and tokenizer into `out_dir`."""
+def make_checkpoint(arch: str, out_dir: Path, **overrides) -> Path:
+    """Write config (`overrides` replace its fields), random weights (seeded) and tokenizer
+    into `out_dir`."""
     import transformers
 
     config = make_config(arch)
+    for name, value in overrides.items():
+        setattr(config, name, value)
     torch.manual_seed({"llama": 1, "qwen2": 2, "qwen3": 3}[arch])
     model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float32)
     shard = "40KB" if arch == "qwen2" else "50GB"  # qwen2 exercises sharded loading

@@ -38,6 +38,7 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     cuda_graph: bool = True  # replay decode steps from CUDA graphs (CUDA + triton only)
     seed: int = 0  # seed of --dummy-weights
+    tp_size: int = 1  # tensor parallelism: ranks (one process and device each) per model
 
     def resolve_device(self) -> torch.device:
         import torch

@@ -23,6 +23,7 @@ import torch
 
 from minisgl.attention import AttentionContext, create_attention_backend
 from minisgl.core import Batch
+from minisgl.distributed import min_over_ranks, tp
 from minisgl.kvcache import KVCachePool
 from minisgl.message import TokenLogprob
 from minisgl.models.config import ModelConfig
@@ -42,6 +43,7 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.tp = tp()  # this process's rank: its shard of the model and of the KV cache
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
         self.model_dir: Path = resolve_model_dir(config.model)
@@ -49,12 +51,13 @@ class Engine:
         self.model = self._load_model()
         self.page_size = config.page_size
 
-        self.num_pages = config.num_pages or self._pages_from_memory()
+        # every rank must hold the same pages: the scheduler decides for all of them
+        self.num_pages = config.num_pages or min_over_ranks(self._pages_from_memory())
         self.pool = KVCachePool(
             self.model_config.num_layers,
             self.num_pages,
             self.page_size,
-            self.model_config.num_kv_heads,
+            self.model.num_kv_heads,  # this rank's
             self.model_config.head_dim,
             self.dtype,
             self.device,
@@ -69,7 +72,7 @@ class Engine:
         self.attn_backend = create_attention_backend(
             config.attention_backend,
             self.pool,
-            self.model_config.num_heads,
+            self.model.num_heads,  # this rank's
             self.model_config.head_dim,
             self.device,
         )
@@ -85,7 +88,7 @@ class Engine:
             max_graph_bs=graph_bs,
         )
         self.sampler = Sampler(
-            self.model_config.vocab_size, self.device, config.max_running_requests
+            self.model_config.vocab_size, self.device, config.max_running_requests, self.tp
         )
         self.graph_runner: DecodeGraphRunner | None = None
         if self.inputs.decode_buffers is not None:
@@ -98,10 +101,11 @@ class Engine:
                 capture,
             )
         logger.info(
-            "engine ready: %s on %s (%s), %d KV pages of %d tokens, max_seq_len %d",
+            "engine ready: %s on %s (%s)%s, %d KV pages of %d tokens, max_seq_len %d",
             self.model_dir.name,
             self.device,
             self.dtype,
+            f", rank {self.tp.rank} of {self.tp.size}" if self.tp.size > 1 else "",
             self.num_pages,
             self.page_size,
             self.max_seq_len,
@@ -110,20 +114,20 @@ class Engine:
     # ------------------------------------------------------------------ set-up
     def _load_model(self) -> CausalLM:
         with torch.device("meta"):
-            model = CausalLM(self.model_config)
+            model = CausalLM(self.model_config, self.tp)
         model = model.to(self.dtype).to_empty(device=self.device)
         model.tie_weights()
         model.model.rotary.build(self.device)
         if self.config.dummy_weights:
             init_dummy_weights(model, self.config.seed)
         else:
-            model.load_weights(iter_checkpoint(self.model_dir))
+            model.load_weights(iter_checkpoint(self.model_dir, lazy=self.tp.size > 1))
         return model.eval()
 
     def _pages_from_memory(self) -> int:
         c = self.model_config
         per_token = KVCachePool.bytes_per_token(
-            c.num_layers, c.num_kv_heads, c.head_dim, self.dtype
+            c.num_layers, self.model.num_kv_heads, c.head_dim, self.dtype
         )
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)

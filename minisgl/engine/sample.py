@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from minisgl.core import Req
+from minisgl.distributed import TPInfo, broadcast_
 from minisgl.message import TokenLogprob
 
 from . import grammar
@@ -137,9 +138,13 @@ class DeviceLogprobs:
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device, max_slots: int) -> None:
-        """`max_slots`: page-table slots; every request passed in holds one below it."""
+    def __init__(
+        self, vocab_size: int, device: torch.device, max_slots: int, tp: TPInfo | None = None
+    ) -> None:
+        """`max_slots`: page-table slots; every request passed in holds one below it.
+        `tp`: the engine's ranks, which all take rank 0's tokens."""
         self.vocab_size = vocab_size
+        self.tp = tp or TPInfo()
         self.device = device
         self.staging = Staging(device)  # every tensor prepare() makes comes through here
         self.penalties = PenaltyState(max_slots, vocab_size, self.staging)
@@ -195,6 +200,9 @@ class Sampler:
         if not args.greedy_only:
             x = x.clone() if x is logits else x  # the draw edits x in place
             tokens = torch.where(args.greedy, greedy, _draw(x, greedy, args))
+        # with tensor parallelism rank 0's draw is every rank's: one token stream, however
+        # the ranks' arithmetic differs
+        broadcast_(tokens, self.tp)
         if args.processors is not None:
             args.processors.record(tokens)
         return tokens

@@ -3,6 +3,8 @@
 Contract:
 - `iter_checkpoint(model_dir)` yields (Hugging Face name, tensor) pairs from every
   `*.safetensors` file (sharded or not), or `pytorch_model*.bin` when no safetensors exist.
+  With `lazy=True` a safetensors entry is a slice object instead: indexing it reads only
+  that part of the file (a tensor-parallel rank loads only its shard).
 - `init_dummy_weights(model)` fills a model with small random values (for benchmarks).
 """
 
@@ -15,7 +17,7 @@ import torch
 from torch import nn
 
 
-def iter_checkpoint(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint(model_dir: Path, lazy: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     files = sorted(model_dir.glob("*.safetensors"))
     if files:
         from safetensors import safe_open
@@ -23,7 +25,7 @@ def iter_checkpoint(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 for name in f.keys():
-                    yield name, f.get_tensor(name)
+                    yield name, (f.get_slice(name) if lazy else f.get_tensor(name))
         return
     bins = sorted(model_dir.glob("pytorch_model*.bin"))
     if not bins:

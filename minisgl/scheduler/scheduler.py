@@ -17,6 +17,13 @@ Contract (the message-shaped interface the server drives):
   `step()`. Both are `launch_step()` followed, now or one call later, by `finish_step()`.
 - `run_forever(io)` is the process loop: receive, advance, send.
 
+With tensor parallelism there is one scheduler per rank, and rank 0's decides: each of
+its calls that changes state (`process_msg`, `advance`, `step`) is first broadcast to the
+others, whose `follow()` loop makes the same call, so every rank schedules the same batch
+in the same step. Seeds come from one generator seeded alike on every rank; the sampled
+tokens are rank 0's (the sampler broadcasts them). A state query gathers every rank's
+state into rank 0's answer (`ranks`). `stop_followers()` ends their loops.
+
 Under overlap a sequence's latest token is *pending* (on the device) while the next step is
 scheduled: it decodes from the device copy, and whether that token ended the sequence is
 known one step late. So a sequence that ends (finish, abort, error) while a launched step
@@ -36,6 +43,7 @@ import random
 from typing import Protocol
 
 from minisgl.core import Batch, Req, SamplingParams
+from minisgl.distributed import broadcast_object, gather_objects, tp
 from minisgl.engine.engine import Engine, StepHandle
 from minisgl.engine.grammar import GrammarError, Grammars, advance
 from minisgl.message import (
@@ -97,7 +105,10 @@ class Scheduler:
         self.decode_manager = DecodeManager()
         self.eos_token_ids = engine.model_config.eos_token_ids
         self.grammars = Grammars(engine.model_dir, engine.model_config.vocab_size)
+        self.tp = tp()
         self._seeds = random.SystemRandom()
+        if self.tp.size > 1:  # the same seeds on every rank, drawn in the same order
+            self._seeds = random.Random(broadcast_object(self._seeds.getrandbits(63)))
         self.num_preemptions = 0  # requests evicted for recompute since start
         overlap = self.config.overlap_schedule
         self.overlap = engine.device.type == "cuda" if overlap is None else overlap
@@ -130,7 +141,37 @@ class Scheduler:
             ),
         }
 
+    # ------------------------------------------------------------------ ranks
+    def _mirror(self, op: str, arg=None) -> None:
+        """Rank 0: tell the other ranks' schedulers to make the same call."""
+        if self.tp.size > 1 and self.tp.leader:
+            broadcast_object((op, arg))
+
+    def follow(self) -> None:
+        """A rank other than 0: make rank 0's calls until it stops us."""
+        while True:
+            op, arg = broadcast_object()
+            if op == "exit":
+                return
+            if op == "msgs":
+                for msg in arg:
+                    self._process(msg)
+            elif op == "advance":
+                self._advance()
+            elif op == "step":
+                self._step()
+
+    def stop_followers(self) -> None:
+        self._mirror("exit")
+
     def process_msg(self, msg: BackendMsg) -> list[TokenizerMsg]:
+        return self.process_msgs([msg])
+
+    def process_msgs(self, msgs: list[BackendMsg]) -> list[TokenizerMsg]:
+        self._mirror("msgs", msgs)
+        return [reply for msg in msgs for reply in self._process(msg)]
+
+    def _process(self, msg: BackendMsg) -> list[TokenizerMsg]:
         if isinstance(msg, UserMsg):
             error = self._admit(msg)
             if self.timeline is not None:
@@ -144,7 +185,11 @@ class Scheduler:
             return []
         if isinstance(msg, StateQueryMsg):
             flushed = {"flushed_pages": self.flush_cache()} if msg.flush_cache else {}
-            return [SchedulerStateMsg(msg.query_id, {**self.state(), **flushed})]
+            state = {**self.state(), **flushed}
+            if self.tp.size > 1:  # every rank's own, on rank 0
+                ranks = gather_objects(state)
+                state = {**state, "ranks": ranks} if self.tp.leader else state
+            return [SchedulerStateMsg(msg.query_id, state)]
         raise TypeError(f"scheduler cannot handle {type(msg).__name__}")
 
     # --8<-- [start:validate]
@@ -267,14 +312,22 @@ class Scheduler:
     # --8<-- [start:step]
     def step(self) -> list[TokenizerMsg]:
         """One step, launched and read back (replies of a step still in flight first)."""
+        self._mirror("step")
+        return self._step()
+
+    def _step(self) -> list[TokenizerMsg]:
         replies = self._take_in_flight()
         launched = self.launch_step()
         return replies + (self.finish_step(launched) if launched else [])
 
     def advance(self) -> list[TokenizerMsg]:
         """With overlap: launch the next step, then read the previous one. Else `step()`."""
+        self._mirror("advance")
+        return self._advance()
+
+    def _advance(self) -> list[TokenizerMsg]:
         if not self.overlap:
-            return self.step()
+            return self._step()
         launched = self.launch_step()
         replies = self._take_in_flight()
         self._in_flight = launched
@@ -395,13 +448,16 @@ class Scheduler:
     # ------------------------------------------------------------------ process loop
     def run_forever(self, io: SchedulerIO) -> None:
         while True:
-            replies: list[TokenizerMsg] = []
-            for msg in io.receive(blocking=not self.has_work):
-                if isinstance(msg, ExitMsg):
-                    if replies:  # answers already built still go out
-                        io.send(replies)
-                    return
-                replies += self.process_msg(msg)
+            msgs = io.receive(blocking=not self.has_work)
+            exiting = any(isinstance(m, ExitMsg) for m in msgs)
+            if exiting:  # answers to what came before it still go out
+                msgs = msgs[: next(i for i, m in enumerate(msgs) if isinstance(m, ExitMsg))]
+            replies = self.process_msgs(msgs) if msgs else []
+            if exiting:
+                if replies:
+                    io.send(replies)
+                self.stop_followers()
+                return
             replies += self.advance()
             timeline = self.timeline
             if timeline is not None and timeline.due(timeline.clock(), idle=not self.has_work):

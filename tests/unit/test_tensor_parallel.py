@@ -1,0 +1,97 @@
+"""Tensor parallelism on the CPU (gloo, two ranks in two processes): greedy tokens with
+`tp_size=2` equal transformers' for tiny Llama, Qwen2 and Qwen3 checkpoints, and for one
+with fewer KV heads than ranks and a vocabulary that does not split evenly; batched with
+mixed lengths under chunked prefill; sampled tokens equal one rank's (same seeds); a
+stream left early aborts on every rank; both ranks' schedulers report their state and
+are back at zero; closing stops the other rank's process."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tiny import hf_greedy, make_checkpoint
+
+from minisgl import LLM, SamplingParams
+from minisgl.distributed import TPInfo, kv_heads, shard
+from minisgl.message import StateQueryMsg
+
+ARCHS = ["llama", "qwen2", "qwen3", "llama_1kv"]
+NEW_TOKENS = 10
+# mixed lengths, 3..58 tokens, ids away from the special tokens
+PROMPTS = [[(i * 37 + j * 11) % 500 + 3 for j in range(3 + i * 11)] for i in range(6)]
+ZERO = {"pending": 0, "running": 0, "table_slots_used": 0, "kv_pages_used": 0}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tiny_dirs, tmp_path_factory):
+    dirs = dict(tiny_dirs)
+    # one KV head for two ranks (replicated), a vocabulary of 511 rows (padded to 2 x 256)
+    one_kv = tmp_path_factory.mktemp("tiny-llama-1kv")
+    dirs["llama_1kv"] = make_checkpoint("llama", one_kv, num_key_value_heads=1, vocab_size=511)
+    return dirs
+
+
+@pytest.fixture(scope="module")
+def references(checkpoints):
+    import transformers
+
+    refs = {}
+    for arch in ARCHS:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            checkpoints[arch], dtype=torch.float32
+        ).eval()
+        refs[arch] = [hf_greedy(model, p, NEW_TOKENS) for p in PROMPTS]
+    return refs
+
+
+def _state(llm: LLM) -> dict:
+    (reply,) = llm.scheduler.process_msg(StateQueryMsg(0))
+    return reply.state
+
+
+def test_shards_split_heads_and_share_kv_heads_when_too_few():
+    assert [shard(8, TPInfo(r, 2)) for r in range(2)] == [(0, 4), (4, 4)]
+    assert [kv_heads(4, TPInfo(r, 2)) for r in range(2)] == [(0, 2), (2, 2)]
+    assert [kv_heads(2, TPInfo(r, 4)) for r in range(4)] == [(0, 1), (0, 1), (1, 1), (1, 1)]
+    with pytest.raises(ValueError):
+        shard(6, TPInfo(0, 4))
+    with pytest.raises(ValueError):
+        kv_heads(2, TPInfo(0, 3))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_two_ranks_give_transformers_greedy_tokens(arch, checkpoints, references):
+    llm = LLM(str(checkpoints[arch]), device="cpu", page_size=4, max_prefill_tokens=16, tp_size=2)
+    try:
+        assert llm.engine.model.num_heads == 2  # of 4: this rank's half
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
+        assert [o.token_ids for o in outs] == references[arch]
+        # sampled, with seeds: the same tokens as one rank draws
+        sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, seed=11, n=2)
+        got = [[c.token_ids for c in o.outputs] for o in llm.generate(PROMPTS[:3], sampled)]
+        state = _state(llm)
+        assert [{k: r[k] for k in ZERO} for r in state["ranks"]] == [ZERO, ZERO]
+    finally:
+        llm.close()
+    single = LLM(str(checkpoints[arch]), device="cpu", page_size=4, max_prefill_tokens=16)
+    want = [[c.token_ids for c in o.outputs] for o in single.generate(PROMPTS[:3], sampled)]
+    assert got == want
+
+
+def test_a_stream_left_early_aborts_on_every_rank_and_close_stops_the_other(checkpoints):
+    llm = LLM(str(checkpoints["qwen2"]), device="cpu", page_size=4, tp_size=2)
+    (follower,) = llm._followers
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for i, _event in enumerate(llm.stream(PROMPTS[1:4], params)):
+        if i == 5:
+            break  # the consumer leaves: the three requests are aborted
+    state = _state(llm)
+    assert {k: state[k] for k in ZERO} == ZERO
+    assert [{k: r[k] for k in ZERO} for r in state["ranks"]] == [ZERO, ZERO]
+    # and the ranks still agree afterwards
+    (out,) = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert len(out.token_ids) == 6
+    llm.close()
+    follower.join(10)
+    assert not follower.is_alive() and follower.exitcode == 0
+    llm.close()  # a second close is a no-op
