@@ -1,13 +1,16 @@
 """The ranks of a tensor-parallel model other than rank 0: each a process with its own
 engine (its shard) and scheduler, making the calls rank 0's scheduler broadcasts.
 
-Contract: `start_ranks(engine_config, scheduler_config)` is called by rank 0 (the server's
-scheduler process, or an offline `LLM`) before it builds its own engine: it picks a free
-local port for the process group, starts ranks 1..N-1 (spawned, so each imports torch
-afresh), joins the group as rank 0 and returns the processes. Each rank runs
-`rank_main`: it joins the group, builds its engine and scheduler and follows rank 0 until
-told to stop. A rank whose parent process dies exits within a second (a watchdog thread),
-so an aborted run leaves no rank blocked in a collective behind it.
+Contract:
+- Offline: `start_ranks(engine_config, scheduler_config)` is called by an `LLM` (rank 0)
+  before it builds its own engine: it picks a free local port for the process group,
+  starts ranks 1..N-1 (spawned, so each imports torch afresh), joins the group as rank 0
+  and returns the processes, which run `rank_main`.
+- Server: the launcher starts the ranks of its machine itself, as `rank_worker`
+  processes next to the scheduler (rank 0), and watches them like its other workers.
+Either way a rank joins the group, builds its engine and scheduler, and follows rank 0
+until told to stop. A rank whose parent process dies exits within a second (a watchdog
+thread), so an aborted run leaves no rank blocked in a collective behind it.
 """
 
 from __future__ import annotations
@@ -65,5 +68,36 @@ def rank_main(engine_config, scheduler_config, rank: int, init_method: str, pare
     init_tp(rank, engine_config.tp_size, init_method, engine_config.resolve_device().type)
     with torch.inference_mode():
         scheduler = Scheduler(Engine(engine_config), scheduler_config)
+        scheduler.follow()
+    destroy_tp()
+
+
+def rank_worker(args, model_dir, rank: int, ready) -> None:
+    """The server's process for tensor-parallel rank `rank` (not 0): report readiness (or
+    why it could not start) to the launcher, then follow rank 0."""
+    import dataclasses
+    import logging
+
+    import torch
+
+    from minisgl.distributed import destroy_tp, init_tp
+    from minisgl.engine.engine import Engine
+    from minisgl.scheduler import Scheduler
+    from minisgl.utils.process import configure_worker_logging
+
+    configure_worker_logging(f"rank-{rank}", args.log_level)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    config = dataclasses.replace(args.engine_config, model=str(model_dir))
+    try:
+        if config.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) - 2))  # as the scheduler
+        init_tp(rank, config.tp_size, args.dist_init_method, config.resolve_device().type)
+        scheduler = Scheduler(Engine(config), args.scheduler_config)
+    except Exception as exc:
+        logging.getLogger(__name__).exception("rank %d failed to start", rank)
+        ready.send(("error", f"rank {rank} failed to start: {exc}"))
+        raise SystemExit(1) from exc
+    ready.send(("ready", {"rank": rank}))
+    with torch.inference_mode():
         scheduler.follow()
     destroy_tp()

@@ -9,6 +9,8 @@ per-uid state.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from .errors import ErrorInfo
@@ -47,7 +49,7 @@ class UserReply(msgspec.Struct, tag=True):
 class LifecycleStateMsg(msgspec.Struct, tag=True):
     query_id: int
     tokenizer: dict[str, int]
-    scheduler: dict[str, int]
+    scheduler: dict[str, Any]  # counts; with tensor parallelism also "ranks": each rank's
 
 
 FrontendMsg = UserReply | LifecycleStateMsg | TimelineMsg

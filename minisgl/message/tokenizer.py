@@ -63,7 +63,7 @@ class BackendErrorMsg(msgspec.Struct, tag=True):
 
 class SchedulerStateMsg(msgspec.Struct, tag=True):
     query_id: int
-    state: dict[str, int]
+    state: dict[str, Any]  # counts, and "ranks" (each rank's counts) with tensor parallelism
 
 
 TokenizerMsg = (

@@ -4,6 +4,8 @@ Contract: `ZmqSchedulerIO` is the process's implementation of the scheduler's I/
 (`receive`, `send`); tests drive the same `Scheduler` with in-memory I/O instead.
 `scheduler_worker` builds the engine, reports readiness (or why it could not start) to the
 launcher, and runs the loop until told to exit or until its parent process disappears.
+With tensor parallelism it is rank 0: it joins the ranks' process group first, and its
+scheduler's calls are mirrored to the other ranks (minisgl/distributed_worker.py).
 """
 
 from __future__ import annotations
@@ -66,7 +68,12 @@ def scheduler_worker(args, model_dir, channels, ready: Connection) -> None:
     configure_worker_logging("scheduler", args.log_level)
     try:
         _share_cpu_cores(args.engine_config.device)
-        engine = Engine(dataclasses.replace(args.engine_config, model=str(model_dir)))
+        config = dataclasses.replace(args.engine_config, model=str(model_dir))
+        if config.tp_size > 1:  # rank 0 of the tensor-parallel ranks: it decides for all
+            from minisgl.distributed import init_tp
+
+            init_tp(0, config.tp_size, args.dist_init_method, config.resolve_device().type)
+        engine = Engine(config)
         timeline = SchedulerTimeline(detailed=args.debug_history > 0)
         scheduler = Scheduler(engine, args.scheduler_config, timeline)
         io = ZmqSchedulerIO(

@@ -39,6 +39,7 @@ exactly one of the prefill manager (waiting or partly prefilled) and the decode 
 from __future__ import annotations
 
 import logging
+import os
 import random
 from typing import Protocol
 
@@ -186,8 +187,8 @@ class Scheduler:
         if isinstance(msg, StateQueryMsg):
             flushed = {"flushed_pages": self.flush_cache()} if msg.flush_cache else {}
             state = {**self.state(), **flushed}
-            if self.tp.size > 1:  # every rank's own, on rank 0
-                ranks = gather_objects(state)
+            if self.tp.size > 1:  # every rank's own (and its process), on rank 0
+                ranks = gather_objects({"rank": self.tp.rank, "pid": os.getpid(), **state})
                 state = {**state, "ranks": ranks} if self.tp.leader else state
             return [SchedulerStateMsg(msg.query_id, state)]
         raise TypeError(f"scheduler cannot handle {type(msg).__name__}")

@@ -46,6 +46,11 @@ class ServerArgs:
     # SIGTERM: seconds in-flight requests may take to finish; 30 s is the grace period
     # orchestrators usually give before they kill
     shutdown_timeout: float = 30.0
+    # tensor parallelism across machines: --tp-size ranks spread over `nnodes` machines;
+    # node 0 runs the API server, the tokenizer worker and rank 0
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_method: str | None = None  # set by the launcher for the ranks, not a flag
     # ended requests whose timelines /debug/requests keeps (0: no timelines are recorded,
     # only the metrics' share of them); 256 covers minutes of a busy laptop's traffic
     debug_history: int = 256
@@ -81,6 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--attention-backend", default=e.attention_backend, choices=["auto", "torch", "triton"]
+    )
+    p.add_argument(
+        "--tp-size",
+        type=int,
+        default=e.tp_size,
+        help="tensor parallelism: shard the model over N ranks, one process (and GPU) each",
+    )
+    p.add_argument(
+        "--nnodes",
+        type=int,
+        default=d.nnodes,
+        help="machines the --tp-size ranks span (each runs `python -m minisgl` with the same "
+        "flags and its --node-rank; MASTER_ADDR and MASTER_PORT name node 0)",
+    )
+    p.add_argument(
+        "--node-rank",
+        type=int,
+        default=d.node_rank,
+        help="this machine's place among --nnodes; node 0 serves HTTP",
     )
     p.add_argument(
         "--disable-cuda-graph",
@@ -168,6 +192,10 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         build_parser().error("--shutdown-timeout must not be negative")
     if ns.debug_history < 0:
         build_parser().error("--debug-history must not be negative")
+    if ns.tp_size < 1 or ns.nnodes < 1 or ns.tp_size % ns.nnodes:
+        build_parser().error("--tp-size must be a positive multiple of --nnodes")
+    if not 0 <= ns.node_rank < ns.nnodes:
+        build_parser().error("--node-rank must be in [0, --nnodes)")
     if ns.chat_template is not None:
         from minisgl.tokenizer.tokenize import chat_template_text
 

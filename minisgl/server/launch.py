@@ -19,10 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
+import os
 import signal
+import socket
 import sys
+import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -58,19 +62,25 @@ def served_model_name(args: ServerArgs) -> str:
 def start_workers(
     args: ServerArgs, model_dir: Path, channels: IpcChannels
 ) -> dict[str, BaseProcess]:
+    from minisgl.distributed_worker import rank_worker
     from minisgl.scheduler.io import scheduler_worker
     from minisgl.tokenizer.server import tokenize_worker
 
     ctx = mp.get_context("spawn")  # fork is unsafe with CUDA and with threads
     procs: dict[str, BaseProcess] = {}
     pipes: dict[str, Connection] = {}
-    for name, target in (("scheduler", scheduler_worker), ("tokenizer", tokenize_worker)):
+    args = dataclasses.replace(args, dist_init_method=_dist_init_method(args))
+    workers = [(f"rank-{r}", rank_worker, (args, model_dir, r)) for r in _local_ranks(args)]
+    if args.node_rank == 0:  # node 0 serves: the scheduler (rank 0) and the tokenizer
+        workers = [
+            ("scheduler", scheduler_worker, (args, model_dir, channels)),
+            ("tokenizer", tokenize_worker, (args, model_dir, channels)),
+            *workers,
+        ]
+    for name, target, target_args in workers:
         recv, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(
-            target=target,
-            args=(args, model_dir, channels, send),
-            name=f"minisgl-{name}",
-            daemon=True,
+            target=target, args=(*target_args, send), name=f"minisgl-{name}", daemon=True
         )
         proc.start()
         procs[name], pipes[name] = proc, recv
@@ -80,6 +90,28 @@ def start_workers(
         stop_workers(procs)
         raise
     return procs
+
+
+def _local_ranks(args: ServerArgs) -> list[int]:
+    """The tensor-parallel ranks other than 0 that this machine runs."""
+    per_node = args.engine_config.tp_size // args.nnodes
+    first = args.node_rank * per_node
+    return [r for r in range(first, first + per_node) if r != 0]
+
+
+def _dist_init_method(args: ServerArgs) -> str | None:
+    """Where the ranks meet: a free local port, or across machines MASTER_ADDR and
+    MASTER_PORT (torch.distributed's standard environment)."""
+    if args.engine_config.tp_size == 1:
+        return None
+    if args.nnodes == 1:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if missing:
+        raise WorkerStartError(f"--nnodes > 1 needs {' and '.join(missing)} (node 0's address)")
+    return "env://"
 
 
 def _wait_ready(procs: dict[str, BaseProcess], pipes: dict[str, Connection]) -> None:
@@ -228,9 +260,30 @@ def connect_frontend(
     )
 
 
+def launch_ranks(args: ServerArgs) -> int:
+    """A machine other than node 0 (--node-rank > 0): its tensor-parallel ranks only, until
+    one of them exits (node 0 stopped, or a rank died) or this launcher gets a signal."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        with running_workers(args) as (_, procs):
+            logger.info("node %d: ranks %s ready", args.node_rank, _local_ranks(args))
+            while not stop.wait(0.5):
+                dead = [p for p in procs.values() if not p.is_alive()]
+                if dead:
+                    return 0 if all(p.exitcode == 0 for p in dead) else 1
+            return 0
+    except WorkerStartError as exc:
+        logger.error("%s", exc)
+        return 1
+
+
 def launch_server(args: ServerArgs) -> int:
     from .api_server import create_app
 
+    if args.node_rank > 0:  # node 0 serves; the others only run their ranks
+        return launch_ranks(args)
     try:
         with running_workers(args) as (channels, procs):
             supervisor: Supervisor | None = None

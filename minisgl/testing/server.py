@@ -39,11 +39,15 @@ def free_port() -> int:
 
 
 def is_zero(state: dict) -> bool:
-    sched = {k: v for k, v in state["scheduler"].items() if k in ZERO_SCHEDULER}
+    """Every per-request count at zero: the API server's, the tokenizer worker's, and the
+    scheduler's (each rank's, with tensor parallelism)."""
+    ranks = [state["scheduler"], *state["scheduler"].get("ranks", [])]
     return (
         state["frontend"] == ZERO_FRONTEND
         and state["tokenizer"] == ZERO_TOKENIZER
-        and sched == ZERO_SCHEDULER
+        and all(
+            {k: v for k, v in r.items() if k in ZERO_SCHEDULER} == ZERO_SCHEDULER for r in ranks
+        )
     )
 
 

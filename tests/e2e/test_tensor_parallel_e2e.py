@@ -1,0 +1,93 @@
+"""The real server with `--tp-size 2` on the CPU (tiny Llama, two ranks on gloo): the
+official client gets the same greedy tokens as one rank gives, streamed or not; a
+disconnect mid-stream, an over-long prompt (400) and a normal request leave every rank's
+scheduler at zero in /debug/lifecycle, which reports each rank; and SIGKILL of rank 1 ends
+every in-flight request with an error within two seconds, after which the server exits
+non-zero and leaves no process behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from e2e_helpers import (
+    SSE_DONE,
+    HeldStream,
+    ServerSpec,
+    assert_error_body,
+    assert_error_event_then_done,
+    chat_body,
+    chat_url,
+    tokens_body,
+)
+
+from minisgl import LLM, SamplingParams
+from minisgl.testing.server import assert_all_gone, ipc_dir
+
+TP = ("--tp-size", "2", "--max-seq-len", "256", "--page-size", "4")
+pytestmark = pytest.mark.server(ServerSpec("llama", TP))
+PROMPT = [(j * 11) % 500 + 3 for j in range(20)]
+
+
+def _ranks(server) -> list[dict]:
+    return server.lifecycle()["scheduler"]["ranks"]
+
+
+def test_two_ranks_serve_one_rank_s_greedy_tokens(server, client, tiny_dirs):
+    (want,) = LLM(str(tiny_dirs["llama"]), device="cpu", page_size=4).generate(
+        [PROMPT], SamplingParams(max_tokens=12, ignore_eos=True)
+    )
+    params = dict(model=server.model_name, prompt=PROMPT, max_tokens=12, temperature=0)
+    full = client.completions.create(**params, extra_body={"ignore_eos": True})
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(**params, stream=True, extra_body={"ignore_eos": True})
+        if c.choices
+    )
+    assert full.choices[0].text == streamed == want.text
+    assert [r["rank"] for r in _ranks(server)] == [0, 1]
+
+
+def test_every_ending_leaves_every_rank_at_zero(server, client):
+    url = chat_url(server)
+    with httpx.stream("POST", url, json=tokens_body(server, 200, stream=True), timeout=30) as r:
+        next(r.iter_raw())  # the client leaves mid-stream
+    long = chat_body(server.model_name, "word " * 400, max_tokens=4)
+    assert httpx.post(url, json=long, timeout=30).status_code == 400
+    r = httpx.post(url, json=tokens_body(server, 5), timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 5
+    state = server.wait_zero(5.0)
+    assert len(state["scheduler"]["ranks"]) == 2
+
+
+async def test_sigkill_of_rank_1_ends_every_request_and_the_server(start_server):
+    server = start_server("llama", *TP)
+    ipc = ipc_dir(server)
+    (rank1,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
+    assert rank1 in server.children()
+    url = chat_url(server)
+    async with httpx.AsyncClient(timeout=30) as http:
+        stream = HeldStream(http, url, tokens_body(server, 230, stream=True))
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(stream)
+            await stream.first()
+            full = asyncio.create_task(http.post(url, json=tokens_body(server, 230)))
+            await asyncio.sleep(0.3)
+            os.kill(rank1, signal.SIGKILL)
+            killed = time.monotonic()
+            raw = await asyncio.wait_for(stream.rest(), 10)
+            r = await asyncio.wait_for(full, 10)
+        assert stream.ended_at - killed < 2.0 and time.monotonic() - killed < 2.5
+        assert b'"finish_reason":"length"' not in raw
+        if raw.endswith(SSE_DONE):
+            assert_error_event_then_done(raw, "backend_unavailable")
+        assert r.status_code == 503, r.text
+        assert_error_body(r.json(), "backend_unavailable")
+    rc = await asyncio.to_thread(server.proc.wait, 20)
+    assert rc != 0, server.log()[-3000:]
+    assert_all_gone(server, ipc)
