@@ -14,6 +14,13 @@ repository root:
     python benchmarks/offline.py --num-seqs 16 --min-len 32 --max-len 128     # CPU
     python benchmarks/offline.py --num-seqs 16 --min-len 32 --max-len 160 --output-len 64
     python benchmarks/offline.py --config qwen3-0.6b --dummy-weights          # GPU, full size
+    python benchmarks/offline.py --num-seqs 16 --min-len 32 --max-len 128 --tp-size 2
+
+With `--tp-size N` our engine is sharded over N ranks (this process and N - 1 children;
+gloo on a CPU, so there the figure shows what the collectives cost, NCCL on GPUs), and
+transformers gets the whole checkpoint. With random weights each rank draws its own shard,
+which transformers cannot load: compare tensor-parallel sizes with each other instead
+(`--config llama-60m`, whose heads split over 2 or 4 ranks, `--baseline none --check 0`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from common import add_model_args, machine_busy_seconds, resolve_model, write_js
 
 from minisgl import LLM, SamplingParams
 from minisgl.engine.config import EngineConfig
+from minisgl.models.weight import iter_checkpoint
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.process import available_ram
 
@@ -322,6 +330,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="max_tokens of every request (default: uniform in [--min-len, --max-len])",
     )
     p.add_argument("--page-size", type=int, default=engine.page_size)
+    p.add_argument(
+        "--tp-size",
+        type=int,
+        default=engine.tp_size,
+        help="tensor parallelism: minisgl's model over N ranks (gloo on the CPU, NCCL on GPUs)",
+    )
     p.add_argument("--max-running-requests", type=int, default=engine.max_running_requests)
     p.add_argument("--max-prefill-tokens", type=int, default=scheduler.max_prefill_tokens)
     p.add_argument("--num-pages", type=int, default=None, help="KV pages (default: from memory)")
@@ -375,6 +389,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("need 1 <= --min-len <= --max-len")
     if args.output_len is not None and args.output_len < 1:
         p.error("need --output-len >= 1")
+    if args.tp_size > 1 and args.dummy_weights and (args.baseline != "none" or args.check):
+        # each rank draws its own shard: together they are no model transformers could load
+        p.error("--tp-size > 1 with random weights needs --baseline none --check 0")
     resolve_model(p, args)
     return args
 
@@ -386,12 +403,15 @@ def build_llm(args: argparse.Namespace) -> LLM:
         max_running_requests=args.max_running_requests, num_pages=args.num_pages,
         max_seq_len=args.max_seq_len or args.max_len + max(args.max_len, args.output_len or 0),
         attention_backend=args.attention_backend, max_prefill_tokens=args.max_prefill_tokens,
+        tp_size=args.tp_size,
     )  # fmt: skip
     e = llm.engine
     print(
         f"model {e.model_dir.name} ({'random' if args.dummy_weights else 'real'} weights) on "
         f"{e.device}, {str(e.dtype).removeprefix('torch.')}, "
-        f"attention {type(e.attn_backend).__name__}, {e.num_pages} KV pages of {e.page_size}; "
+        f"attention {type(e.attn_backend).__name__}, {e.num_pages} KV pages of {e.page_size}"
+        + (f", tensor parallel over {e.tp.size} ranks" if e.tp.size > 1 else "")
+        + "; "
         f"{args.num_seqs} requests, lengths {args.min_len}..{args.max_len}"
         + (f", {args.output_len} output tokens each" if args.output_len else "")
     )
@@ -471,7 +491,16 @@ def main(argv=None) -> int:
     failures = sanity_failures(outputs, max_tokens)
 
     # Free our KV pool before transformers allocates its cache; keep only the weights.
-    weights = hf_state_dict(llm)
+    if engine.tp.size == 1:
+        weights = hf_state_dict(llm)
+    else:  # a rank holds a shard: transformers gets the whole checkpoint (real weights:
+        # random ones are refused unless transformers is left out)
+        weights = {}
+        if not args.dummy_weights:
+            weights = {name: t.to(dtype) for name, t in iter_checkpoint(model_dir)}
+            if cfg.tie_word_embeddings:
+                weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
+        llm.close()
     del llm, engine, outputs
     gc.collect()
     if device.type == "cuda":

@@ -48,6 +48,7 @@ class Engine:
         self.dtype = config.resolve_dtype(self.device)
         self.model_dir: Path = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
+        self._check_tp()
         self.model = self._load_model()
         self.page_size = config.page_size
 
@@ -112,6 +113,16 @@ class Engine:
         )
 
     # ------------------------------------------------------------------ set-up
+    def _check_tp(self) -> None:
+        c, n = self.model_config, self.tp.size
+        kv_ok = c.num_kv_heads % n == 0 or n % c.num_kv_heads == 0
+        if c.num_heads % n or c.intermediate_size % n or not kv_ok:
+            raise ValueError(
+                f"--tp-size {n}: {self.model_dir.name} has {c.num_heads} attention heads, "
+                f"{c.num_kv_heads} KV heads and an MLP of {c.intermediate_size}; each must "
+                f"split evenly over {n} ranks (or the KV heads be shared by them)"
+            )
+
     def _load_model(self) -> CausalLM:
         with torch.device("meta"):
             model = CausalLM(self.model_config, self.tp)

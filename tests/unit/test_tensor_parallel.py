@@ -95,3 +95,19 @@ def test_a_stream_left_early_aborts_on_every_rank_and_close_stops_the_other(chec
     follower.join(10)
     assert not follower.is_alive() and follower.exitcode == 0
     llm.close()  # a second close is a no-op
+
+
+@pytest.mark.gpu
+def test_two_gpus_over_nccl_give_one_gpu_s_greedy_tokens(checkpoints):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    options = dict(device="cuda", dtype="float32", page_size=4, max_prefill_tokens=16)
+    one = LLM(str(checkpoints["qwen3"]), **options)
+    want = [o.token_ids for o in one.generate(PROMPTS, params)]
+    del one
+    two = LLM(str(checkpoints["qwen3"]), tp_size=2, **options)
+    try:
+        assert [o.token_ids for o in two.generate(PROMPTS, params)] == want
+    finally:
+        two.close()
