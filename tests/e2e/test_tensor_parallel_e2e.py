@@ -91,3 +91,14 @@ async def test_sigkill_of_rank_1_ends_every_request_and_the_server(start_server)
     rc = await asyncio.to_thread(server.proc.wait, 20)
     assert rc != 0, server.log()[-3000:]
     assert_all_gone(server, ipc)
+
+
+def test_sigterm_stops_every_rank(start_server):
+    server = start_server("llama", *TP)
+    ipc = ipc_dir(server)
+    ranks = [r["pid"] for r in _ranks(server)]
+    assert all(pid in server.children() for pid in ranks)
+    r = httpx.post(chat_url(server), json=tokens_body(server, 4), timeout=30)
+    assert r.status_code == 200
+    assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
+    assert_all_gone(server, ipc)  # no rank left behind, blocked in a collective or not
