@@ -30,6 +30,8 @@ from typing import Any, Literal
 FinishReason = Literal["stop", "length"]
 
 MAX_N = 16  # choices per request
+# sequences one /v1/completions request may ask for (prompts x n): each is decoded apart
+MAX_SEQUENCES = 1024
 MAX_STOP = 4  # stop strings per request, as in OpenAI's API
 MAX_LOGPROBS = 20  # alternatives per token
 

@@ -183,6 +183,14 @@ def create_app(
         if (refusal := unknown_model(req.model)) is not None:
             return refusal
         params = req.sampling_params()
+        limit = frontend().max_concurrent
+        if len(req.prompts()) > limit:  # it could never be admitted: retrying cannot help
+            message = (
+                f"this request has {len(req.prompts())} prompts, more than the {limit} requests "
+                "this server serves at once (--max-concurrent-requests); split it"
+            )
+            metrics.on_rejected("too_many_prompts")
+            return HttpError(400, message, code="too_many_prompts", param="prompt").response()
 
         def maker(prompt: str | list[int]) -> Callable[[int], TokenizeMsg]:
             if isinstance(prompt, str):

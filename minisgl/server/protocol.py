@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from minisgl.core import MAX_LOGPROBS, MAX_N, SamplingParams
+from minisgl.core import MAX_LOGPROBS, MAX_N, MAX_SEQUENCES, SamplingParams
 
 from .tools import ToolCalling
 
@@ -326,6 +326,12 @@ class CompletionRequest(_SamplingFields):
     def _check_completion(self):
         if not self.prompt or any(p in ("", []) for p in self.prompts()):
             raise ParamError("prompt", "prompt must not be empty")
+        if len(self.prompts()) * self.n > MAX_SEQUENCES:
+            message = (
+                f"{len(self.prompts())} prompts x n={self.n} sequences is more than the "
+                f"{MAX_SEQUENCES} one request may ask for; split the prompts over requests"
+            )
+            raise ParamError("prompt", message)
         if self.best_of is not None and self.best_of != self.n:
             raise ParamError("best_of", "best_of other than n is not supported (it needs ranking)")
         if self.echo and self.logprobs is not None:
