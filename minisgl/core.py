@@ -33,6 +33,7 @@ MAX_N = 16  # choices per request
 # sequences one /v1/completions request may ask for (prompts x n): each is decoded apart
 MAX_SEQUENCES = 1024
 MAX_STOP = 4  # stop strings per request, as in OpenAI's API
+MAX_STOP_LEN = 1000  # characters per stop string: what may be held back per choice
 MAX_LOGPROBS = 20  # alternatives per token
 
 
@@ -103,6 +104,11 @@ class SamplingParams:
             ),
             (len(self.stop) <= MAX_STOP, "stop", f"takes at most {MAX_STOP} strings"),
             (all(self.stop), "stop", "strings must not be empty"),
+            (
+                all(len(s) <= MAX_STOP_LEN for s in self.stop),
+                "stop",
+                f"strings must be at most {MAX_STOP_LEN} characters",
+            ),
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (

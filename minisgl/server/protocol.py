@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from minisgl.core import MAX_LOGPROBS, MAX_N, MAX_SEQUENCES, SamplingParams
+from minisgl.core import MAX_LOGPROBS, MAX_N, MAX_SEQUENCES, MAX_STOP_LEN, SamplingParams
 
 from .tools import ToolCalling
 
@@ -220,6 +220,10 @@ class _SamplingFields(_Strict):
     def _check(self):
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options is only allowed with stream: true")
+        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
+        if any(len(s) > MAX_STOP_LEN for s in stops):
+            message = f"a stop string may be at most {MAX_STOP_LEN} characters"
+            raise ParamError("stop", message)
         for key in self.logit_bias or {}:
             if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
                 raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}")

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 from minisgl.message import DetokenizeMsg
 
+from .stop import StopStrings
+
 _REPLACEMENT = "\ufffd"
 
 
@@ -48,7 +50,10 @@ class ChoiceState:
     sent: int = 0  # characters of output text sent so far
     prefix_offset: int = 0  # ids[prefix_offset:read_offset] is already-decoded context
     read_offset: int = 0  # ids before this have been turned into text
-    text: str = ""  # decoded text not yet sent (only kept while stop strings may match)
+    # decoded text not yet sent, in pieces, while it could be the start of a stop string
+    held: list[str] = field(default_factory=list)
+    held_len: int = 0
+    stop_state: list[int] = field(default_factory=list)  # StopStrings' matching state
     finish_reason: str | None = None
     echo: str = ""  # the prompt, sent ahead of the first token's text (completions' echo)
 
@@ -57,7 +62,7 @@ class ChoiceState:
 class DecodeState:
     prompt_tokens: int = 0
     choices: list[ChoiceState] = field(default_factory=lambda: [ChoiceState()])
-    stop: tuple[str, ...] = ()
+    stop: StopStrings | None = None
     min_tokens: int = 0
     cached_tokens: int = 0
 
@@ -80,8 +85,11 @@ class DetokenizeManager:
         min_tokens: int = 0,
         echo: str = "",
     ) -> None:
-        choices = [ChoiceState(echo=echo) for _ in range(n)]
-        self.decode_map[uid] = DecodeState(prompt_tokens, choices, tuple(stop), min_tokens)
+        stops = StopStrings(tuple(stop)) if stop else None
+        choices = [
+            ChoiceState(echo=echo, stop_state=stops.state() if stops else []) for _ in range(n)
+        ]
+        self.decode_map[uid] = DecodeState(prompt_tokens, choices, stops, min_tokens)
 
     def remove(self, uid: int) -> None:
         self.decode_map.pop(uid, None)
@@ -166,28 +174,25 @@ class DetokenizeManager:
         state: DecodeState, choice: ChoiceState, delta: str, last: bool
     ) -> tuple[str, bool]:
         """The text safe to send now, and whether a stop string ended the choice."""
-        if not state.stop:
+        stops = state.stop
+        if stops is None:
             return delta, False
-        text = choice.text + delta
-        if choice.tokens >= state.min_tokens:
-            hits = [p for p in (text.find(s) for s in state.stop) if p >= 0]
-            if hits:  # trimmed: the stop string and all after it never reach the client
-                choice.text = ""
-                return text[: min(hits)], True
+        hit = stops.scan(choice.stop_state, delta, armed=choice.tokens >= state.min_tokens)
+        before = choice.held_len  # held characters ahead of `delta`
+        total = before + len(delta)
+        keep = StopStrings.held(choice.stop_state)  # could still begin a stop string
+        if hit is None and not last and keep == total:
+            choice.held.append(delta)  # all of it waits: nothing to join, nothing to send
+            choice.held_len = total
+            return "", False
+        text = "".join(choice.held) + delta  # each character is joined once, on its way out
+        choice.held, choice.held_len = [], 0
+        if hit is not None:  # the stop string and all after it never reach the client
+            end, length = hit
+            return text[: before + end - length], True
         if last:
-            choice.text = ""
             return text, False
-        # hold back the longest tail that could still grow into a stop string
-        hold = max(
-            (
-                k
-                for s in state.stop
-                for k in range(1, min(len(s), len(text) + 1))
-                if text.endswith(s[:k])
-            ),
-            default=0,
-        )
-        choice.text = text[len(text) - hold :]
-        return text[: len(text) - hold], False
+        choice.held, choice.held_len = [text[total - keep :]], keep
+        return text[: total - keep], False
 
     # --8<-- [end:stop_strings]
