@@ -72,7 +72,7 @@ def rank_main(engine_config, scheduler_config, rank: int, init_method: str, pare
     destroy_tp()
 
 
-def rank_worker(args, model_dir, rank: int, ready) -> None:
+def rank_worker(args, model_dir, rank: int, ready, heartbeat=None) -> None:
     """The server's process for tensor-parallel rank `rank` (not 0): report readiness (or
     why it could not start) to the launcher, then follow rank 0."""
     import dataclasses
@@ -83,9 +83,11 @@ def rank_worker(args, model_dir, rank: int, ready) -> None:
     from minisgl.distributed import destroy_tp, init_tp
     from minisgl.engine.engine import Engine
     from minisgl.scheduler import Scheduler
+    from minisgl.utils.heartbeat import start_beating
     from minisgl.utils.process import configure_worker_logging
 
     configure_worker_logging(f"rank-{rank}", args.log_level)
+    start_beating(heartbeat)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     config = dataclasses.replace(args.engine_config, model=str(model_dir))
     try:

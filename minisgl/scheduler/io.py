@@ -16,6 +16,7 @@ import os
 from multiprocessing.connection import Connection
 
 from minisgl.message import BackendMsg, TokenizerMsg
+from minisgl.utils.heartbeat import start_beating
 from minisgl.utils.process import configure_worker_logging, parent_alive
 from minisgl.utils.zmq import PullQueue, PushQueue
 
@@ -56,7 +57,7 @@ class ZmqSchedulerIO:
         self.outbox.put(replies)
 
 
-def scheduler_worker(args, model_dir, channels, ready: Connection) -> None:
+def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=None) -> None:
     """Process entry point."""
     import torch
 
@@ -66,6 +67,7 @@ def scheduler_worker(args, model_dir, channels, ready: Connection) -> None:
     from .timeline import SchedulerTimeline
 
     configure_worker_logging("scheduler", args.log_level)
+    start_beating(heartbeat)
     try:
         _share_cpu_cores(args.engine_config.device)
         config = dataclasses.replace(args.engine_config, model=str(model_dir))

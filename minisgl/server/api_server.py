@@ -229,6 +229,8 @@ def create_app(
         except RequestFailed as refused:
             if refused.error.kind is not ErrorKind.OVERLOADED:  # busy is still healthy
                 return to_http(refused.error).response()
+        if (silent := frontend().silent_worker()) is not None:  # frozen, not dead
+            return to_http(silent).response()
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -43,6 +43,9 @@ class ServerArgs:
     # larger request bodies are refused with 413; 4 MiB holds a long context's prompt as
     # JSON several times over
     max_body_bytes: int = 4 << 20
+    # /health answers 503 while a worker process has not beaten its heartbeat for this long
+    # (stopped, swapped out, wedged); a few seconds: far past a busy worker's 0.5 s beat
+    worker_heartbeat_timeout: float = 5.0
     # SIGTERM: seconds in-flight requests may take to finish; 30 s is the grace period
     # orchestrators usually give before they kill
     shutdown_timeout: float = 30.0
@@ -157,6 +160,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long in-flight requests may take to finish before abort",
     )
     p.add_argument(
+        "--worker-heartbeat-timeout",
+        type=float,
+        default=d.worker_heartbeat_timeout,
+        help="seconds a worker process may miss its heartbeat before /health answers 503",
+    )
+    p.add_argument(
         "--debug-history",
         type=int,
         default=d.debug_history,
@@ -184,6 +193,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         "max_pending_bytes",
         "max_body_bytes",
         "client_stall_timeout",
+        "worker_heartbeat_timeout",
     )
     for name in positive:
         if getattr(ns, name) <= 0:

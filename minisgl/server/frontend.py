@@ -45,9 +45,10 @@ from minisgl.message import (
     TokenizerMsg,
     UserReply,
 )
+from minisgl.utils.heartbeat import silent_for
 
 from .buffer import Output, ReplyBuffer
-from .errors import RequestFailed, error_code
+from .errors import RequestFailed, error_code, unavailable
 from .metrics import Outcome, ServerMetrics
 from .middleware import arrival_var, request_id_var
 from .timelines import Timelines
@@ -106,6 +107,7 @@ class FrontendManager:
         max_concurrent: int = 1 << 30,
         metrics: ServerMetrics | None = None,
         timelines: Timelines | None = None,
+        heartbeat_timeout: float = 5.0,
     ) -> None:
         self._send = send
         self._recv = recv
@@ -113,6 +115,9 @@ class FrontendManager:
         self.max_concurrent = max_concurrent
         self.metrics = metrics
         self.timelines = timelines
+        # worker name -> its heartbeat (utils/heartbeat.py), set by the launcher
+        self.heartbeats: dict[str, object] = {}
+        self.heartbeat_timeout = heartbeat_timeout
         self.draining = False  # set on SIGTERM: finish what runs, take nothing new
         self.uid_counter = itertools.count()
         self.states: dict[int, RequestState] = {}
@@ -140,6 +145,18 @@ class FrontendManager:
                 "retry shortly"
             )
             raise RequestFailed(ErrorInfo(ErrorKind.OVERLOADED, message))
+
+    def silent_worker(self) -> ErrorInfo | None:
+        """A worker process that has missed its heartbeat for too long (/health's 503)."""
+        now = time.monotonic()
+        for name, beat in self.heartbeats.items():
+            silent = silent_for(beat, now)
+            if silent > self.heartbeat_timeout:
+                return unavailable(
+                    f"the {name} process has not answered for {silent:.1f} s "
+                    f"(stopped or hung); requests may not be served"
+                )
+        return None
 
     def send_one(self, msg: TokenizerMsg) -> None:
         self._send([msg])

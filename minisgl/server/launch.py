@@ -37,6 +37,7 @@ import uvicorn
 from minisgl.message import ErrorInfo, ErrorKind, FrontendMsg, TokenizerMsg
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.models.source import resolve_model_dir
+from minisgl.utils.heartbeat import new_heartbeat
 from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 
 from .args import ServerArgs
@@ -79,10 +80,15 @@ def start_workers(
         ]
     for name, target, target_args in workers:
         recv, send = ctx.Pipe(duplex=False)
+        heartbeat = new_heartbeat(ctx)
         proc = ctx.Process(
-            target=target, args=(*target_args, send), name=f"minisgl-{name}", daemon=True
+            target=target,
+            args=(*target_args, send, heartbeat),
+            name=f"minisgl-{name}",
+            daemon=True,
         )
         proc.start()
+        proc.heartbeat = heartbeat  # type: ignore[attr-defined]  # read by /health
         procs[name], pipes[name] = proc, recv
     try:
         _wait_ready(procs, pipes)
@@ -202,6 +208,7 @@ class Supervisor:
 
         for name, proc in procs.items():
             loop.add_reader(proc.sentinel, on_exit, name, proc)
+        self.frontend.heartbeats = {name: proc.heartbeat for name, proc in procs.items()}
 
     async def _exit_after_errors_sent(self) -> None:
         # keep answering 503 for a moment, so health checks and clients learn why
@@ -257,6 +264,7 @@ def connect_frontend(
         max_concurrent=args.max_concurrent_requests,
         metrics=metrics,
         timelines=Timelines(args.debug_history),
+        heartbeat_timeout=args.worker_heartbeat_timeout,
     )
 
 

@@ -266,12 +266,14 @@ class TokenizerWorker:
         ]
 
 
-def tokenize_worker(args, model_dir: Path, channels, ready: Connection) -> None:
+def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbeat=None) -> None:
     """Process entry point: serve until the parent process goes away."""
+    from minisgl.utils.heartbeat import start_beating
     from minisgl.utils.process import configure_worker_logging, parent_alive
     from minisgl.utils.zmq import PullQueue, PushQueue
 
     configure_worker_logging("tokenizer", args.log_level)
+    start_beating(heartbeat)
     try:
         tokenizer = load_tokenizer(model_dir, args.chat_template)
         if tokenizer is None:
