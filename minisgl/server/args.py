@@ -43,6 +43,12 @@ class ServerArgs:
     # larger request bodies are refused with 413; 4 MiB holds a long context's prompt as
     # JSON several times over
     max_body_bytes: int = 4 << 20
+    # a client must send a whole request (headers and body) within this many seconds of the
+    # server starting to wait for it; slower ones are disconnected (slowloris)
+    request_read_timeout: float = 30.0
+    # open connections at most; past it the one waiting longest for a request is closed.
+    # None: half the process's file descriptor limit, at most 4096
+    max_connections: int | None = None
     # /health answers 503 while a worker process has not beaten its heartbeat for this long
     # (stopped, swapped out, wedged); a few seconds: far past a busy worker's 0.5 s beat
     worker_heartbeat_timeout: float = 5.0
@@ -160,6 +166,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long in-flight requests may take to finish before abort",
     )
     p.add_argument(
+        "--request-read-timeout",
+        type=float,
+        default=d.request_read_timeout,
+        help="seconds a client may take to send a whole request before it is disconnected",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=d.max_connections,
+        help="open connections at most (default: half the file descriptor limit, <= 4096)",
+    )
+    p.add_argument(
         "--worker-heartbeat-timeout",
         type=float,
         default=d.worker_heartbeat_timeout,
@@ -194,12 +212,15 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         "max_body_bytes",
         "client_stall_timeout",
         "worker_heartbeat_timeout",
+        "request_read_timeout",
     )
     for name in positive:
         if getattr(ns, name) <= 0:
             build_parser().error(f"--{name.replace('_', '-')} must be positive")
     if ns.shutdown_timeout < 0:
         build_parser().error("--shutdown-timeout must not be negative")
+    if ns.max_connections is not None and ns.max_connections < 1:
+        build_parser().error("--max-connections must be positive")
     if ns.debug_history < 0:
         build_parser().error("--debug-history must not be negative")
     if ns.tp_size < 1 or ns.nnodes < 1 or ns.tp_size % ns.nnodes:

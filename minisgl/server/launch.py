@@ -41,6 +41,7 @@ from minisgl.utils.heartbeat import new_heartbeat
 from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 
 from .args import ServerArgs
+from .connections import default_max_connections, guarded, quiet_accept_errors
 from .errors import unavailable
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
@@ -228,6 +229,7 @@ class _Server(uvicorn.Server):
         # uvicorn's own handlers re-raise SIGTERM after shutdown, which would kill the
         # process before the workers are stopped and the IPC directory is removed
         loop = asyncio.get_running_loop()
+        quiet_accept_errors(loop)  # out of descriptors: one line per 10 s, not a flood
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self.supervisor.on_signal, sig)
         try:
@@ -307,6 +309,10 @@ def launch_server(args: ServerArgs) -> int:
                 port=args.port,
                 log_level=args.log_level,
                 timeout_graceful_shutdown=3,  # after our own drain only idle connections remain
+                # slow clients are cut off, and open connections bounded (connections.py)
+                http=guarded(
+                    args.request_read_timeout, args.max_connections or default_max_connections()
+                ),
             )
             server = _Server(config)
             supervisor = server.supervisor = Supervisor(server, app, args.shutdown_timeout)

@@ -1,0 +1,113 @@
+"""Connections that never finish their request (slowloris) on the real server (tiny Llama,
+a 2-second request read timeout, at most 40 connections): a hundred of them (half a
+request line, headers without their end, a body shorter than declared, a chunked body that
+never ends) do not keep a prompt client from being served, /health answers, and the slow
+ones are closed: the oldest as soon as the cap needs room, the rest by the timeout. A
+request sent slowly but within the timeout is served; a client that half-closes its
+connection after sending is a disconnect (its timeline says so)."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+from e2e_helpers import ServerSpec, chat_url, tokens_body
+
+READ_TIMEOUT_S = 2.0
+CAP = 40
+pytestmark = pytest.mark.server(
+    ServerSpec(
+        "llama",
+        ("--request-read-timeout", str(READ_TIMEOUT_S), "--max-connections", str(CAP)),
+    )
+)
+
+PARTIAL = [
+    b"POST /v1/chat/comp",  # half a request line
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n",
+    b'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{"mo',
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b'5\r\n{"mod\r\n',
+]
+
+
+def _slow(port: int, i: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(PARTIAL[i % len(PARTIAL)])
+    return s
+
+
+def _closed_by_server(s: socket.socket, within: float) -> bool:
+    s.settimeout(within)
+    try:
+        while True:
+            data = s.recv(4096)
+            if not data:
+                return True  # the server closed it (a 503 or nothing, then EOF)
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_slow_connections_neither_lock_out_others_nor_stay_open(server):
+    slow = [_slow(server.port, i) for i in range(100)]
+    try:
+        start = time.monotonic()
+        r = httpx.post(chat_url(server), json=tokens_body(server, 3), timeout=10)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+        assert time.monotonic() - start < READ_TIMEOUT_S  # served at once, not after timeouts
+        # the first ones made room for the later ones (the cap), the rest time out
+        assert _closed_by_server(slow[0], 1.0)
+        assert all(_closed_by_server(s, READ_TIMEOUT_S + 2.0) for s in slow)
+        assert time.monotonic() - start < READ_TIMEOUT_S + 4.0
+    finally:
+        for s in slow:
+            s.close()
+    server.wait_zero(2.0)
+
+
+def test_a_request_sent_slowly_but_within_the_timeout_is_served(server):
+    body = b'{"model": "%s", "prompt": [5, 6, 7], "max_tokens": 2}' % server.model_name.encode()
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    )
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        for piece in (head[:20], head[20:], body[:10], body[10:]):
+            s.sendall(piece)
+            time.sleep(READ_TIMEOUT_S / 8)
+        s.settimeout(10)
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_a_half_closed_client_is_a_disconnect(server):
+    """A client that sends its request and then shuts its write side gets no answer: the
+    server sees the end of its stream as the client leaving, and aborts the request."""
+    body = tokens_body(server, 200, stream=True)
+    data = httpx.Request("POST", chat_url(server), json=body).content
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"X-Request-Id: half-closed\r\nContent-Length: %d\r\n\r\n" % len(data)
+    )
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        s.sendall(head + data)
+        s.shutdown(socket.SHUT_WR)
+        deadline = time.monotonic() + 5
+        while True:  # its timeline says how it ended
+            ended = httpx.get(server.base_url + "/debug/requests").json()["ended"]
+            found = [t for t in ended if t["request_id"] == "half-closed"]
+            if found:
+                break
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    end = [e for e in found[0]["events"] if e["process"] == "api"][-1]
+    assert (end["event"], end.get("by")) == ("aborted", "client_disconnect")
+    assert found[0]["output_tokens"] < 200
+    server.wait_zero(3.0)
