@@ -10,6 +10,7 @@ import importlib.util
 import json
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -120,6 +121,32 @@ def test_tokenizer_matches_gguf_tokenizer(tokenizer, gguf_path: Path) -> None:
     )
     assert "<|im_start|>user\nHello<|im_end|>\n" in chat
     assert chat.endswith("<|im_start|>assistant\n")
+
+
+def test_the_tool_template_renders_the_gguf_template_s_prompts_without_tools(
+    tokenizer, gguf_path: Path
+) -> None:
+    """The converted model carries smollm2-tools.jinja: without tools it must give exactly
+    the prompts SmolLM2's own template (the GGUF's) gives, so chats are unchanged."""
+    from gguf import GGUFReader
+
+    own = gguf_conv._field(GGUFReader(str(gguf_path)), "tokenizer.chat_template")
+    assert own and own != tokenizer.chat_template and "tools" in tokenizer.chat_template
+    conversations = [
+        [{"role": "user", "content": "hi"}],
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+         {"role": "assistant", "content": "hello"}, {"role": "user", "content": "什么是 KV Cache？"}],
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}],
+    ]  # fmt: skip
+    for messages in conversations:
+        for generation_prompt in (True, False):
+            render = partial(
+                tokenizer.apply_chat_template,
+                messages,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+            )
+            assert render() == render(chat_template=own)
 
 
 @pytest.mark.parametrize("chat", [True, False], ids=["chat-template", "plain"])
