@@ -17,28 +17,22 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
 import threading
 import time
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from minisgl.utils.process import free_port, parent_alive
 
 
 def start_ranks(engine_config, scheduler_config) -> list[mp.process.BaseProcess]:
     from minisgl.distributed import init_tp
 
     size = engine_config.tp_size
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
-    device_type = engine_config.resolve_device().type
+    init_method = f"tcp://127.0.0.1:{free_port()}"
     ctx = mp.get_context("spawn")
     procs = [
         ctx.Process(
             target=rank_main,
-            args=(engine_config, scheduler_config, rank, init_method, os.getpid()),
+            args=(engine_config, scheduler_config, rank, init_method),
             name=f"minisgl-rank-{rank}",
             daemon=True,
         )
@@ -46,30 +40,47 @@ def start_ranks(engine_config, scheduler_config) -> list[mp.process.BaseProcess]
     ]
     for proc in procs:
         proc.start()
-    init_tp(0, size, init_method, device_type)
+    init_tp(0, size, init_method, engine_config.resolve_device().type)
     return procs
 
 
-def _exit_with_parent(parent: int) -> None:
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(1)  # blocked in a collective: nothing else would end this process
+def _exit_with_parent() -> None:
+    """Watch the parent from a thread: a rank blocked in a collective notices nothing."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if not parent_alive(parent):
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
-def rank_main(engine_config, scheduler_config, rank: int, init_method: str, parent: int) -> None:
-    import torch
-
-    from minisgl.distributed import destroy_tp, init_tp
+def _join(engine_config, scheduler_config, rank: int, init_method: str):
+    """Join the ranks' process group and build this rank's engine and scheduler."""
+    from minisgl.distributed import init_tp
     from minisgl.engine.engine import Engine
     from minisgl.scheduler import Scheduler
 
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     init_tp(rank, engine_config.tp_size, init_method, engine_config.resolve_device().type)
+    return Scheduler(Engine(engine_config), scheduler_config)
+
+
+def _follow(scheduler) -> None:
+    import torch
+
+    from minisgl.distributed import destroy_tp
+
     with torch.inference_mode():
-        scheduler = Scheduler(Engine(engine_config), scheduler_config)
         scheduler.follow()
     destroy_tp()
+
+
+def rank_main(engine_config, scheduler_config, rank: int, init_method: str) -> None:
+    """An offline `LLM`'s rank `rank` (not 0)."""
+    _exit_with_parent()
+    _follow(_join(engine_config, scheduler_config, rank, init_method))
 
 
 def rank_worker(args, model_dir, rank: int, ready, heartbeat=None) -> None:
@@ -78,28 +89,20 @@ def rank_worker(args, model_dir, rank: int, ready, heartbeat=None) -> None:
     import dataclasses
     import logging
 
-    import torch
-
-    from minisgl.distributed import destroy_tp, init_tp
-    from minisgl.engine.engine import Engine
-    from minisgl.scheduler import Scheduler
+    from minisgl.scheduler.io import share_cpu_cores
     from minisgl.utils.heartbeat import start_beating
     from minisgl.utils.process import configure_worker_logging
 
     configure_worker_logging(f"rank-{rank}", args.log_level)
     start_beating(heartbeat)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    _exit_with_parent()
     config = dataclasses.replace(args.engine_config, model=str(model_dir))
     try:
-        if config.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) - 2))  # as the scheduler
-        init_tp(rank, config.tp_size, args.dist_init_method, config.resolve_device().type)
-        scheduler = Scheduler(Engine(config), args.scheduler_config)
+        share_cpu_cores(config.device)  # as the scheduler (rank 0) does
+        scheduler = _join(config, args.scheduler_config, rank, args.dist_init_method)
     except Exception as exc:
         logging.getLogger(__name__).exception("rank %d failed to start", rank)
         ready.send(("error", f"rank {rank} failed to start: {exc}"))
         raise SystemExit(1) from exc
     ready.send(("ready", {"rank": rank}))
-    with torch.inference_mode():
-        scheduler.follow()
-    destroy_tp()
+    _follow(scheduler)

@@ -109,6 +109,20 @@ def make_checkpoint(arch: str, out_dir: Path, **overrides) -> Path:
     return out_dir
 
 
+def hf_references(dirs: dict, archs: list[str], prompts, n: int) -> dict[str, list[list[int]]]:
+    """transformers' greedy continuations (`n` tokens) of `prompts`, per checkpoint in
+    `dirs` (float32): the tokens our engine must give."""
+    import transformers
+
+    refs = {}
+    for arch in archs:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            dirs[arch], dtype=torch.float32
+        ).eval()
+        refs[arch] = [hf_greedy(model, p, n) for p in prompts]
+    return refs
+
+
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """Greedy continuation with transformers, by full forward passes (no generate() config)."""
     ids = list(prompt)

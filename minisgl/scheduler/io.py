@@ -27,7 +27,7 @@ class ParentGone(Exception):
     pass
 
 
-def _share_cpu_cores(device: str) -> None:
+def share_cpu_cores(device: str) -> None:
     """On a CPU the API server and the tokenizer worker need cores too: torch's compute
     threads spin-wait on each other, and one descheduled thread stalls them all (a 1500-token
     stream took 57 s instead of 1.3 s on two cores). Leave two cores to the other processes."""
@@ -69,7 +69,7 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
     configure_worker_logging("scheduler", args.log_level)
     start_beating(heartbeat)
     try:
-        _share_cpu_cores(args.engine_config.device)
+        share_cpu_cores(args.engine_config.device)
         config = dataclasses.replace(args.engine_config, model=str(model_dir))
         if config.tp_size > 1:  # rank 0 of the tensor-parallel ranks: it decides for all
             from minisgl.distributed import init_tp

@@ -7,8 +7,8 @@ or blocks the event loop. Every error is an OpenAI-style body
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
 GET /metrics, GET /debug/lifecycle, GET /debug/requests (request timelines), GET /debug
-(the live page), POST /debug/flush_cache (admin: empties the prefix cache when idle). In front of them: X-Request-Id, the API key check and the request body
-limit (middleware.py).
+(the live page), POST /debug/flush_cache (admin: empties the prefix cache when idle). In
+front of them: X-Request-Id, the API key check and the request body limit (middleware.py).
 """
 
 from __future__ import annotations

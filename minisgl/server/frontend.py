@@ -230,13 +230,11 @@ class FrontendManager:
 
     def debug_requests(self) -> dict:
         """GET /debug/requests: the timelines of requests in flight and recently ended."""
-        if self.timelines is None:
-            return {"in_flight": [], "ended": [], "history": 0, "late_events": 0, "kv_pages": []}
         counts = {
             uid: (s.buffer.prompt_tokens, s.buffer.completion_tokens)
             for uid, s in self.states.items()
         }
-        return self.timelines.snapshot(counts)
+        return (self.timelines or Timelines(history=0)).snapshot(counts)  # none: empty
 
     # --8<-- [start:listen]
     async def listen(self) -> None:

@@ -24,7 +24,6 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from minisgl.message import ErrorInfo, ErrorKind, FrontendMsg, TokenizerMsg
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.models.source import resolve_model_dir
 from minisgl.utils.heartbeat import new_heartbeat
+from minisgl.utils.process import free_port
 from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 
 from .args import ServerArgs
@@ -112,9 +112,7 @@ def _dist_init_method(args: ServerArgs) -> str | None:
     if args.engine_config.tp_size == 1:
         return None
     if args.nnodes == 1:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+        return f"tcp://127.0.0.1:{free_port()}"
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
     if missing:
         raise WorkerStartError(f"--nnodes > 1 needs {' and '.join(missing)} (node 0's address)")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
+from minisgl.utils.process import free_port  # noqa: F401  (benchmarks import it from here)
 
 ZERO_FRONTEND = {"requests": 0, "pending_bytes": 0}
 ZERO_TOKENIZER = {"decode_states": 0}
@@ -30,12 +30,6 @@ ZERO_SCHEDULER = {
     "kv_pages_used": 0,
     "grammar_matchers": 0,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def is_zero(state: dict) -> bool:

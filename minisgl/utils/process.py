@@ -1,11 +1,12 @@
-"""Process and machine helpers: worker logging set-up, noticing an orphaned worker, and
-how much memory the machine has available."""
+"""Process and machine helpers: worker logging set-up, noticing an orphaned worker, how
+much memory the machine has available, and a free local port."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import socket
 
 
 def configure_worker_logging(name: str, level: str) -> None:
@@ -15,6 +16,13 @@ def configure_worker_logging(name: str, level: str) -> None:
     )
     # Ctrl-C goes to the whole process group: the launcher decides how workers stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def parent_alive(parent_pid: int) -> bool:

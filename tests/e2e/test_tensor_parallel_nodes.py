@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,18 +16,13 @@ import pytest
 from e2e_helpers import chat_url, tokens_body
 
 from minisgl.testing.server import group_alive
+from minisgl.utils.process import free_port
 
 pytestmark = pytest.mark.slow
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_one_machine_serve_and_stop_together(start_server, tiny_dirs):
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     flags = ["--tp-size", "2", "--nnodes", "2", "--max-seq-len", "256", "--device", "cpu"]
     model = str(tiny_dirs["llama"])
     node1 = subprocess.Popen(

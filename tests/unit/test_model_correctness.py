@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import hf_greedy
+from tiny import hf_references
 
 from minisgl import LLM, SamplingParams
 from minisgl.models.config import ModelConfig
@@ -24,15 +24,7 @@ PROMPTS = [[(i * 37 + j * 11) % 500 + 3 for j in range(3 + i * 11)] for i in ran
 
 @pytest.fixture(scope="module")
 def references(tiny_dirs) -> dict[str, list[list[int]]]:
-    import transformers
-
-    refs = {}
-    for arch in ARCHS:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            tiny_dirs[arch], dtype=torch.float32
-        ).eval()
-        refs[arch] = [hf_greedy(model, p, NEW_TOKENS) for p in PROMPTS]
-    return refs
+    return hf_references(tiny_dirs, ARCHS, PROMPTS, NEW_TOKENS)
 
 
 def _greedy() -> SamplingParams:

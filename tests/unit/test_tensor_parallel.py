@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import hf_greedy, make_checkpoint
+from tiny import hf_references, make_checkpoint
 
 from minisgl import LLM, SamplingParams
 from minisgl.distributed import TPInfo, kv_heads, shard
@@ -33,15 +33,7 @@ def checkpoints(tiny_dirs, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def references(checkpoints):
-    import transformers
-
-    refs = {}
-    for arch in ARCHS:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            checkpoints[arch], dtype=torch.float32
-        ).eval()
-        refs[arch] = [hf_greedy(model, p, NEW_TOKENS) for p in PROMPTS]
-    return refs
+    return hf_references(checkpoints, ARCHS, PROMPTS, NEW_TOKENS)
 
 
 def _state(llm: LLM) -> dict:

@@ -238,23 +238,26 @@ def test_inconsistent_tool_fields_are_refused_naming_the_field(extra, param):
     assert where == param, errors
 
 
-def test_a_tool_conversation_reaches_the_template_as_templates_expect():
-    call = {"id": "call_1", "type": "function"}
-    req = chat_request(
-        messages=[
-            {"role": "user", "content": "weather?"},
+# a call of get_weather and its result, as a client sends them back
+CONVERSATION = [
+    {"role": "user", "content": "weather?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
             {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {**call, "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}
-                ],
-            },
-            {"role": "tool", "tool_call_id": "call_1", "content": "20C"},
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+            }
         ],
-        tools=TOOLS,
-        tool_choice="none",
-    )
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "20C"},
+]
+
+
+def test_a_tool_conversation_reaches_the_template_as_templates_expect():
+    req = chat_request(messages=CONVERSATION, tools=TOOLS, tool_choice="none")
     assistant, tool = (m.as_template_input() for m in req.messages[1:])
     assert assistant["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}  # an object
     assert tool == {"role": "tool", "content": "20C", "tool_call_id": "call_1"}
@@ -353,24 +356,7 @@ def test_a_template_without_tools_refuses_them(tmp_path):
 def test_the_shipped_template_shows_tools_calls_and_results(tmp_path):
     tokenizer = make_tokenizer(tmp_path)
     tokenizer.chat_template = chat_template_text("smollm2-tools")
-    req = chat_request(
-        messages=[
-            {"role": "user", "content": "weather?"},
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "c1",
-                        "type": "function",
-                        "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
-                    }
-                ],
-            },
-            {"role": "tool", "tool_call_id": "c1", "content": "20C"},
-        ],
-        tools=TOOLS,
-    )
+    req = chat_request(messages=CONVERSATION, tools=TOOLS)
     messages = [m.as_template_input() for m in req.messages]
     text = tokenizer.apply_chat_template(
         messages, tools=req.template_tools(), tokenize=False, add_generation_prompt=True
