@@ -13,7 +13,7 @@ never go through a GPU. `shard(n)` is the part of n things (heads, rows) a rank 
 `destroy_tp()` tears the process group down.
 
 No collective waits forever: every one times out after the group's `timeout` (a minute by
-default), so a rank that dies or stops turns into an error (`DistError`) on the others
+default), so a rank that dies or stops turns into an error (`RanksFailed`) on the others
 instead of a hang. The other ranks wait for rank 0 between requests, which may be hours, so
 they must not wait inside a collective then: rank 0 says `rest_followers()` before it waits
 for work, and they sleep on the rendezvous store until its next collective wakes them
@@ -29,10 +29,15 @@ from typing import Any
 
 import torch
 
-try:  # what a failed or timed-out collective raises (a RuntimeError before torch 2.4)
-    from torch.distributed import DistError
-except ImportError:  # pragma: no cover
-    DistError = RuntimeError
+
+class RanksFailed(RuntimeError):
+    """A collective failed or timed out: another rank died or stopped. The group cannot
+    compute together any more (gloo and NCCL raise plain RuntimeErrors; this names it)."""
+
+
+def _ranks_failed(exc: Exception) -> RanksFailed:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RanksFailed(first)
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,7 @@ def init_tp(
 ) -> TPInfo:
     """Join the process group of `size` ranks as `rank` (`init_method`: for example
     "tcp://127.0.0.1:29500", or "env://" to read MASTER_ADDR and MASTER_PORT). A collective
-    that waits longer than `timeout` seconds for another rank raises DistError."""
+    that waits longer than `timeout` seconds for another rank raises RanksFailed."""
     global _tp, _cpu_group, _store
     import torch.distributed as dist
 
@@ -109,7 +114,10 @@ def barrier(tag: str, timeout: float) -> None:
     store = _store
     store.set(f"minisgl/{tag}/{_tp.rank}", "1")
     keys = [f"minisgl/{tag}/{r}" for r in range(_tp.size)]
-    store.wait(keys, timedelta(seconds=timeout))
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
 
 
 def wake_followers(rest: int) -> None:
@@ -129,9 +137,11 @@ def sleep_until_woken(rest: int, alive=lambda: True) -> None:
         try:
             store.wait([key], timedelta(seconds=1))
             return
-        except DistError:  # not yet
-            continue
-    raise DistError("rank 0 went away while this rank waited for it")
+        except RuntimeError as exc:
+            if "timeout" in str(exc).lower():  # not yet
+                continue
+            raise _ranks_failed(exc) from exc  # rank 0 (which hosts the store) is gone
+    raise RanksFailed("this rank's parent went away while it waited for rank 0")
 
 
 def destroy_tp() -> None:
@@ -170,7 +180,10 @@ def all_reduce(x: torch.Tensor, info: TPInfo) -> torch.Tensor:
     if info.size > 1:
         import torch.distributed as dist
 
-        dist.all_reduce(x)
+        try:
+            dist.all_reduce(x)
+        except RuntimeError as exc:
+            raise _ranks_failed(exc) from exc
     return x
 
 
@@ -181,7 +194,10 @@ def all_gather(x: torch.Tensor, info: TPInfo) -> torch.Tensor:
     import torch.distributed as dist
 
     parts = [torch.empty_like(x) for _ in range(info.size)]
-    dist.all_gather(parts, x.contiguous())
+    try:
+        dist.all_gather(parts, x.contiguous())
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return torch.cat(parts, dim=-1)
 
 
@@ -190,7 +206,10 @@ def broadcast_(x: torch.Tensor, info: TPInfo, src: int = 0) -> torch.Tensor:
     if info.size > 1:
         import torch.distributed as dist
 
-        dist.broadcast(x, src)
+        try:
+            dist.broadcast(x, src)
+        except RuntimeError as exc:
+            raise _ranks_failed(exc) from exc
     return x
 
 
@@ -201,7 +220,10 @@ def min_over_ranks(n: int) -> int:
     import torch.distributed as dist
 
     t = torch.tensor([n], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_cpu_group)
+    try:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_cpu_group)
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return int(t.item())
 
 
@@ -213,7 +235,10 @@ def broadcast_object(obj: Any = None) -> Any:
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=0, group=_cpu_group)
+    try:
+        dist.broadcast_object_list(box, src=0, group=_cpu_group)
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return box[0]
 
 
@@ -224,5 +249,8 @@ def gather_objects(obj: Any) -> list[Any] | None:
     import torch.distributed as dist
 
     out = [None] * _tp.size if _tp.leader else None
-    dist.gather_object(obj, out, dst=0, group=_cpu_group)
+    try:
+        dist.gather_object(obj, out, dst=0, group=_cpu_group)
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return out

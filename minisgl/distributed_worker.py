@@ -47,13 +47,13 @@ def start_ranks(engine_config, scheduler_config) -> list[mp.process.BaseProcess]
 def stop_ranks(scheduler, procs: list, failed: bool = False) -> None:
     """Rank 0: stop the other ranks (told to, or killed when the group has `failed` or
     does not answer) and leave the process group."""
-    from minisgl.distributed import DistError, destroy_tp
+    from minisgl.distributed import RanksFailed, destroy_tp
 
     failed = failed or scheduler is None  # no scheduler: they never got to follow it
     if not failed:
         try:
             scheduler.stop_followers()
-        except DistError:
+        except RanksFailed:
             failed = True
     for proc in procs:
         proc.join(0 if failed else 30)
@@ -92,12 +92,12 @@ def _follow(scheduler) -> None:
 
     import torch
 
-    from minisgl.distributed import DistError, destroy_tp
+    from minisgl.distributed import RanksFailed, destroy_tp
 
     try:
         with torch.inference_mode():
             scheduler.follow()
-    except DistError as exc:  # rank 0 went away (or another rank stopped): nothing to follow
+    except RanksFailed as exc:  # rank 0 went away (or another rank stopped): nothing to follow
         logging.getLogger(__name__).error("rank %d stops: %s", scheduler.tp.rank, exc)
         raise SystemExit(1) from None
     destroy_tp()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from minisgl.core import SamplingParams
-from minisgl.distributed import DistError
+from minisgl.distributed import RanksFailed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.message import (
@@ -222,7 +222,7 @@ class LLM:
                     yield from self._apply([reply], live, detok)
             while live:
                 yield from self._apply(self.scheduler.advance(), live, detok)
-        except DistError as e:  # a rank died or stopped: every request in flight ends here
+        except RanksFailed as e:  # a rank died or stopped: every request in flight ends here
             if self._followers:
                 yield from self._fail(live, e)
                 return
@@ -233,10 +233,10 @@ class LLM:
                     self.scheduler.process_msg(AbortBackendMsg(uid))
                 self.scheduler.rest_followers()
 
-    def _fail(self, live, exc: DistError) -> Iterator[StreamEvent]:
+    def _fail(self, live, exc: RanksFailed) -> Iterator[StreamEvent]:
         message = (
             f"a tensor-parallel rank did not answer within {self.engine.config.dist_timeout:g} s "
-            f"(dist_timeout): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            f"(dist_timeout): {exc}"
         )
         self._resources.failure = message
         self.close()

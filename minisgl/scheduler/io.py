@@ -69,7 +69,7 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
     """Process entry point."""
     import torch
 
-    from minisgl.distributed import DistError
+    from minisgl.distributed import RanksFailed
     from minisgl.engine.engine import Engine
     from minisgl.message import ErrorInfo, ErrorKind
 
@@ -105,11 +105,10 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
             scheduler.run_forever(io)
     except ParentGone:
         logger.warning("the launcher is gone: scheduler exits")
-    except DistError as exc:  # a rank died or stopped mid-step: the ranks are out of step
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except RanksFailed as exc:  # a rank died or stopped mid-step: the ranks are out of step
         message = (
             f"a tensor-parallel rank did not answer within {config.dist_timeout:g} s "
-            f"(--dist-timeout): {why}"
+            f"(--dist-timeout): {exc}"
         )
         logger.error("%s; the scheduler stops", message)
         error = ErrorInfo(ErrorKind.BACKEND_UNAVAILABLE, message)
