@@ -311,19 +311,19 @@ class Scheduler:
     # --8<-- [end:fork]
 
     # --8<-- [start:abort_req]
-    def abort_req(self, uid: int, index: int | None = None) -> list[Req]:
-        """Remove a request's sequences (one choice, or all) wherever they are."""
+    def abort_req(self, uid: int, index: int | None = None, how: str = "aborted") -> list[Req]:
+        """Remove a request's sequences (one choice, or all) wherever they are (`how` it
+        ended, for the timeline: "aborted", or "error")."""
         if uid in self._building:  # its matcher is still being built: it holds nothing
             req, _ = self._building.pop(uid)
             if self.timeline is not None:
-                self.timeline.ended(req, "aborted", sequences=1 + req.forks_left)
+                self.timeline.ended(req, how, sequences=1 + req.forks_left)
             return [req]
         reqs = self.prefill_manager.abort_req(uid, index)
         reqs += self.decode_manager.abort_req(uid, index)
         for req in reqs:
             if self.timeline is not None:  # one choice stopped by a stop string, or all
-                how = "aborted" if index is None else "stop"
-                self.timeline.ended(req, how, sequences=1 + req.forks_left)
+                self.timeline.ended(req, how if index is None else "stop", 1 + req.forks_left)
             req.forks_left = 0  # an aborted first choice forks no others
             req.ended = True  # a token a launched step still makes for it is dropped
             self._free_req_resources(req)
@@ -396,8 +396,7 @@ class Scheduler:
             try:
                 req.matcher = future.result()
             except GrammarError as e:
-                params = req.sampling_params
-                field = "json_schema" if params.json_schema is not None else "grammar"
+                field = _constraint_field(req.sampling_params)
                 if self.timeline is not None:
                     self.timeline.errored(uid, ErrorKind.INVALID_SAMPLING_VALUE.value)
                 info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
@@ -459,7 +458,9 @@ class Scheduler:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
             if req.matcher is not None:
-                advance(req.matcher, token)
+                if (broken := advance(req.matcher, token, req.finish_reason == "stop")) is not None:
+                    replies.append(self._constraint_broken(req, broken))
+                    continue
             reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)
             if req.cached_tokens:  # reported once, with its first token (for usage)
                 reply.cached_tokens, req.cached_tokens = req.cached_tokens, 0
@@ -471,6 +472,18 @@ class Scheduler:
                 if req.output_len:
                     self.timeline.first_token(req)
         return replies
+
+    def _constraint_broken(self, req: Req, problem: str) -> BackendErrorMsg:
+        """A constrained sequence that can no longer satisfy its constraint ends its whole
+        request with an error: output reported as finished always parses."""
+        field = _constraint_field(req.sampling_params)
+        message = (
+            f"{field}: the grammar library could not follow the constraint past output token "
+            f"{req.output_len}: {problem}"
+        )
+        logger.info("uid %d: %s", req.uid, message)
+        self.abort_req(req.uid, how="error")
+        return BackendErrorMsg(req.uid, ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, field))
 
     def _end(self, req: Req) -> None:
         """A finished sequence leaves whichever manager holds it and frees what it holds."""
@@ -553,6 +566,11 @@ class Scheduler:
         cache = self.cache_manager
         running = list(self.decode_manager.running.values())
         return self.timeline.flush(running, (cache.used, cache.cached, cache.total))
+
+
+def _constraint_field(params: SamplingParams) -> str:
+    """The request field a constraint came from, as the HTTP API names it."""
+    return "response_format" if params.json_schema is not None else "tools"
 
 
 class _Launched:
