@@ -224,13 +224,11 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        try:
+        try:  # what would refuse a request now: dead, draining, or frozen workers
             frontend().check_admission()
         except RequestFailed as refused:
             if refused.error.kind is not ErrorKind.OVERLOADED:  # busy is still healthy
                 return to_http(refused.error).response()
-        if (silent := frontend().silent_worker()) is not None:  # frozen, not dead
-            return to_http(silent).response()
         return {"status": "ok"}
 
     @app.get("/metrics")

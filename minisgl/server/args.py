@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 
 from minisgl.engine.config import EngineConfig
@@ -245,6 +246,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     for name in positive:
         if getattr(ns, name) <= 0:
             build_parser().error(f"--{name.replace('_', '-')} must be positive")
+    if ns.api_key is not None and not ns.api_key.strip():
+        # an empty key would turn authentication off without a word: refuse it instead
+        source = "--api-key" if "--api-key" in (argv or sys.argv) else "$MINISGL_API_KEY"
+        build_parser().error(
+            f"{source} is empty: give a key, or unset it to serve without authentication"
+        )
     if ns.shutdown_timeout < 0:
         build_parser().error("--shutdown-timeout must not be negative")
     if ns.max_connections is not None and ns.max_connections < 1:
