@@ -257,11 +257,17 @@ def _completion_token(text: str, raw: bytes) -> str:
 
 
 def _completion_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
-    top: list[dict[str, float]] = []
+    """OpenAI's shape: each token's alternatives always hold the token itself (so up to
+    `logprobs` + 1 of them); the echoed prompt's first token has null for both."""
+    top: list[dict[str, float] | None] = []
     for info in infos:
+        if info.logprob is None:  # the prompt's first token: nothing predicts it
+            top.append(None)
+            continue
         alternatives: dict[str, float] = {}
         for text, raw, lp in info.top:  # best first: a repeated name keeps its best value
             alternatives.setdefault(_completion_token(text, raw), lp)
+        alternatives.setdefault(_completion_token(info.token, info.raw), info.logprob)
         top.append(alternatives)
     return {
         "tokens": [_completion_token(info.token, info.raw) for info in infos],
