@@ -127,7 +127,9 @@ def test_a_prefill_interrupted_and_recomputed_scores_each_position_once(tiny_dir
     llm = _llm(tiny_dirs, "llama", max_prefill_tokens=8)
     sched = llm.scheduler
     ids = PROMPTS[3]
-    assert not sched.process_msg(UserMsg.make(0, ids, SamplingParams(max_tokens=0, prompt_logprobs=K)))
+    assert not sched.process_msg(
+        UserMsg.make(0, ids, SamplingParams(max_tokens=0, prompt_logprobs=K))
+    )
     sched.step()
     sched.step()  # 16 of 41 tokens prefilled, 16 positions scored
     (req,) = sched.prefill_manager.pending
