@@ -81,6 +81,9 @@ class _FunctionCallItem(_Strict):
     namespace: str | None = None
     caller: dict[str, Any] | None = None
     async_: bool | None = Field(default=None, alias="async")
+    # the official client's parsed form of `arguments` (ParsedResponseFunctionToolCall),
+    # sent back when a program appends the items of a streamed response to its input
+    parsed_arguments: Any = None
 
 
 class _FunctionCallOutputItem(_Strict):
