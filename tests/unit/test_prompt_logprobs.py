@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from minisgl import LLM, SamplingParams
-from minisgl.message import UserMsg
+from minisgl.message import TokenInfo, UserMsg, UserReply
+from minisgl.server.buffer import ReplyBuffer
 
 PROMPTS = [
     [5, 17, 230, 42, 8, 99, 310, 7, 7, 64, 2, 150, 33],
@@ -77,13 +78,19 @@ def test_scoring_a_batch_of_prompts_matches_transformers(tiny_dirs, hf_models, a
     _idle(llm)
 
 
-def test_chunked_prefill_scores_as_one_chunk_does(tiny_dirs, hf_models):
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_chunked_prefill_scores_as_one_chunk_does(tiny_dirs, hf_models, overlap):
+    """With overlap scheduling too: the next step is launched before this one's scores
+    are read, as on a GPU."""
     one = _llm(tiny_dirs, "llama", max_prefill_tokens=4096)
-    chunked = _llm(tiny_dirs, "llama", max_prefill_tokens=5)  # 41 tokens: 9 chunks
+    # 41 tokens: 9 chunks
+    chunked = _llm(tiny_dirs, "llama", max_prefill_tokens=5, overlap_schedule=overlap)
     params = SamplingParams(max_tokens=0, prompt_logprobs=K)
     whole = one.generate(PROMPTS, params)
     pieces = chunked.generate(PROMPTS, params)
-    for a, b, ids in zip(whole, pieces, PROMPTS):
+    generating = chunked.generate(PROMPTS, SamplingParams(max_tokens=3, prompt_logprobs=K))
+    for a, b, c, ids in zip(whole, pieces, generating, PROMPTS):
+        assert_matches(c, hf_models["llama"], ids)
         assert_matches(b, hf_models["llama"], ids)
         assert [s.logprob for s in a.prompt_logprobs[1:]] == pytest.approx(
             [s.logprob for s in b.prompt_logprobs[1:]], abs=1e-5
@@ -159,6 +166,16 @@ def test_aborting_mid_prefill_frees_the_scores_with_the_request(tiny_dirs):
 def sched_reqs(llm: LLM) -> list:
     s = llm.scheduler
     return [*s.prefill_manager.pending, *s.decode_manager.running.values()]
+
+
+def test_prompt_logprobs_do_not_count_against_the_slow_client_cap():
+    """They arrive once, sized by the prompt (the request's own): the cap bounds output
+    piling up unread, so only the output's text and logprobs count."""
+    buffer = ReplyBuffer()
+    infos = [TokenInfo("a", b"a", -1.0, i, [("b", b"b", -2.0)] * 20) for i in range(1000)]
+    assert buffer.append(UserReply(0, "x", prompt_logprobs=infos, completion_tokens=1))
+    assert buffer.pending_bytes == 1
+    assert len(buffer.take().choices[0].logprobs) == 1000
 
 
 def test_out_of_range_prompt_logprobs_is_refused(tiny_dirs):
