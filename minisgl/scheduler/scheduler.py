@@ -45,7 +45,7 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_for_futures
 from typing import Protocol
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, PromptScores, Req, SamplingParams
 from minisgl.distributed import (
     broadcast_object,
     gather_objects,
@@ -265,6 +265,7 @@ class Scheduler:
             seed=self._seed_for(params, 0),
             eos_token_ids=self.eos_token_ids,
             forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
+            prompt_scores=PromptScores() if params.prompt_logprobs is not None else None,
         )
         if constrained:  # queued once its matcher is built, off this loop (llguidance)
             self._building[req.uid] = (req, self.grammars.build(msg.grammar))
@@ -425,6 +426,9 @@ class Scheduler:
         if self.timeline is not None:  # the step's start, before the forward pass
             self._record_step(batch)
         handle = self.engine.launch(batch)
+        scoring = [batch.reqs[i] for i, _, _, _ in batch.scoring]
+        for req, (_, start, count, _) in zip(scoring, batch.scoring):
+            req.prompt_scores.launched = start + count  # never scored twice, even if recomputed
         for req in batch.reqs[: batch.decodes]:  # one token each, sampled; already running
             req.cached_len += 1
             req.extend_len = 0
@@ -438,7 +442,14 @@ class Scheduler:
             if req.forks_left:  # the request's other choices start from its pages
                 self._fork(req)
             self.decode_manager.add_req(req)  # it left the prefill manager with this chunk
-        return _Launched(sampling, handle, sampling[batch.decodes :])
+        # max_tokens 0: a prompt cached by this step with nothing to sample ends when the
+        # step is read (its prompt logprobs with it); until then it waits with the running
+        prefilled = [
+            r for r in batch.reqs[batch.decodes :] if r.cached_len == r.seq_len >= r.max_len
+        ]
+        for req in prefilled:
+            self.decode_manager.add_req(req)
+        return _Launched(sampling, handle, sampling[batch.decodes :], scoring, prefilled)
 
     def _record_step(self, batch: Batch) -> None:
         """The step's prefill chunks and its token count, in the request timelines."""
@@ -451,6 +462,9 @@ class Scheduler:
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: one reply per sequence that had not ended."""
         out = launched.handle.result()
+        for req, values in zip(launched.scoring, out.prompt_logprobs or [], strict=True):
+            if not req.ended:
+                req.prompt_scores.values += values
         logprobs = out.logprobs or [None] * len(out.tokens)
         replies: list[TokenizerMsg] = []
         for req, token, logprob in zip(launched.sampling, out.tokens, logprobs, strict=True):
@@ -464,9 +478,14 @@ class Scheduler:
             reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)
             if req.cached_tokens:  # reported once, with its first token (for usage)
                 reply.cached_tokens, req.cached_tokens = req.cached_tokens, 0
+            if req.prompt_scores is not None:  # its first token: the prompt's logprobs go too
+                reply.prompt_logprobs, req.prompt_scores = req.prompt_scores.values, None
             replies.append(reply)
             if req.finish_reason is not None:
                 self._end(req)
+        for req in launched.prefilled:
+            if not req.ended:
+                replies += self._end_prefilled(req)
         if self.timeline is not None:  # sequences that sampled from their prompt
             for req in launched.first:
                 if req.output_len:
@@ -485,11 +504,25 @@ class Scheduler:
         self.abort_req(req.uid, how="error")
         return BackendErrorMsg(req.uid, ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, field))
 
+    def _end_prefilled(self, req: Req) -> list[TokenizerMsg]:
+        """A max_tokens 0 sequence ends with its prompt: every choice of the request at once
+        (they would all be the prompt), with no token; choice 0 carries the prompt logprobs."""
+        req.finish_reason = "length"
+        scores, req.prompt_scores = req.prompt_scores, None
+        replies: list[TokenizerMsg] = [
+            DetokenizeMsg(req.uid, None, "length", index) for index in range(1 + req.forks_left)
+        ]
+        if scores is not None:
+            replies[0].prompt_logprobs = scores.values
+        self._end(req)
+        return replies
+
     def _end(self, req: Req) -> None:
         """A finished sequence leaves whichever manager holds it and frees what it holds."""
         req.ended = True
-        if self.timeline is not None:
-            self.timeline.ended(req, req.finish_reason or "stop")
+        if self.timeline is not None:  # with the choices it never forked (max_tokens 0)
+            self.timeline.ended(req, req.finish_reason or "stop", sequences=1 + req.forks_left)
+        req.forks_left = 0
         self.cache_manager.insert(req)  # the next turn of a conversation starts with it
         if req.key in self.decode_manager.running:
             self.decode_manager.remove_req(req)
@@ -576,8 +609,17 @@ def _constraint_field(params: SamplingParams) -> str:
 class _Launched:
     """A step launched on the device: who samples in it and the handle of its tokens."""
 
-    __slots__ = ("sampling", "handle", "first")
+    __slots__ = ("sampling", "handle", "first", "scoring", "prefilled")
 
-    def __init__(self, sampling: list[Req], handle: StepHandle, first: list[Req]) -> None:
+    def __init__(
+        self,
+        sampling: list[Req],
+        handle: StepHandle,
+        first: list[Req],
+        scoring: list[Req],
+        prefilled: list[Req],
+    ) -> None:
         self.sampling, self.handle = sampling, handle
         self.first = first  # the sequences that sample from their prompt in this step
+        self.scoring = scoring  # per entry of the batch's `scoring`: whose prompt it scores
+        self.prefilled = prefilled  # max_tokens 0: prompts cached in this step, which end

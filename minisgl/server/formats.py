@@ -5,7 +5,8 @@ name and what was already sent) and turns the frontend's coalesced `Output`s int
 - `chunks(output)`: the SSE bytes of one output (a choice's first chunk carries
   role "assistant" in chat; a choice that ended gets a chunk with its finish_reason; an
   error after streaming began is one `data: {"error": ...}` event),
-- `usage_chunk(output)`: the last chunk asked for by `stream_options.include_usage`,
+- `closing(output, include_usage)`: what ends the stream: the usage chunk asked for by
+  `stream_options.include_usage`, then `data: [DONE]`,
 - `body(...)`: the whole non-streaming response,
 - `error(error_info)`: the HTTP error answer on this endpoint (it names its prompt field).
 The shapes validate as the `openai` client's `ChatCompletion(Chunk)` and `Completion`.
@@ -87,6 +88,12 @@ class _Format:
         return out
 
     # --8<-- [end:chunks]
+
+    def closing(self, output: Output, include_usage: bool) -> bytes:
+        """What ends the stream after the last output's chunks: the usage chunk when asked
+        (and nothing failed), then `data: [DONE]`."""
+        usage = include_usage and output.error is None
+        return (self.usage_chunk(output) if usage else b"") + SSE_DONE
 
     def usage_chunk(self, output: Output) -> bytes:
         body = self._envelope(self.chunk_object, [])
@@ -257,11 +264,17 @@ def _completion_token(text: str, raw: bytes) -> str:
 
 
 def _completion_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
-    top: list[dict[str, float]] = []
+    """OpenAI's shape: each token's alternatives always hold the token itself (so up to
+    `logprobs` + 1 of them); the echoed prompt's first token has null for both."""
+    top: list[dict[str, float] | None] = []
     for info in infos:
+        if info.logprob is None:  # the prompt's first token: nothing predicts it
+            top.append(None)
+            continue
         alternatives: dict[str, float] = {}
         for text, raw, lp in info.top:  # best first: a repeated name keeps its best value
             alternatives.setdefault(_completion_token(text, raw), lp)
+        alternatives.setdefault(_completion_token(info.token, info.raw), info.logprob)
         top.append(alternatives)
     return {
         "tokens": [_completion_token(info.token, info.raw) for info in infos],

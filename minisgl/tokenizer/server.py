@@ -218,7 +218,13 @@ class TokenizerWorker:
                 else self.tokenizer.decode(ids, skip_special_tokens=True)
             )
         self.detokenize_manager.add(
-            msg.uid, len(ids), params.n, params.stop, params.min_tokens, echo=echo
+            msg.uid,
+            len(ids),
+            params.n,
+            params.stop,
+            params.min_tokens,
+            echo=echo,
+            prompt_ids=ids if params.prompt_logprobs is not None else None,
         )
         return [UserMsg.make(msg.uid, ids, params, grammar)]
 
@@ -305,6 +311,9 @@ class TokenizerWorker:
         if not run:
             return []
         replies: list[FrontendMsg] = []
+        for msg in run:
+            if msg.prompt_logprobs is not None:
+                self._prompt_infos(msg)
         decoded_run = self.detokenize_manager.feed(run)
         token_infos = self._token_infos(run, decoded_run)
         for msg, decoded, info in zip(run, decoded_run, token_infos):
@@ -328,9 +337,33 @@ class TokenizerWorker:
                     index=msg.index,
                     logprobs=info,
                     cached_tokens=decoded.cached_tokens,
+                    prompt_logprobs=decoded.prompt_logprobs,
                 )
             )
         return replies
+
+    def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:
+        """Each token's own text and bytes, for logprobs (one batched decode)."""
+        texts = self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False)
+        return texts, token_bytes(self.tokenizer, ids)
+
+    def _prompt_infos(self, msg: DetokenizeMsg) -> None:
+        """The scheduler's prompt logprobs as TokenInfos on the request's decode state, to go
+        ahead of each choice's first output; the first prompt token has no logprob."""
+        state = self.detokenize_manager.decode_map.get(msg.uid)
+        if state is None or state.prompt_ids is None:
+            return  # aborted meanwhile
+        ids, state.prompt_ids = state.prompt_ids, None
+        alternatives = [token for lp in msg.prompt_logprobs for token, _ in lp.top]
+        texts, raws = self._texts(ids + alternatives)
+        offsets = self.detokenize_manager.text_offsets(ids)
+        infos = [TokenInfo(texts[0], raws[0], None, 0)]
+        alt = len(ids)  # where the next position's alternatives are in texts/raws
+        for i, lp in enumerate(msg.prompt_logprobs, 1):
+            top = [(texts[alt + j], raws[alt + j], v) for j, (_, v) in enumerate(lp.top)]
+            alt += len(top)
+            infos.append(TokenInfo(texts[i], raws[i], lp.logprob, offsets[i], top))
+        state.prompt_infos = infos
 
     def _token_infos(self, run, decoded_run) -> list[list[TokenInfo] | None]:
         """Token texts for the replies that carry logprobs, decoded in one batched call."""
@@ -344,8 +377,7 @@ class TokenizerWorker:
         for i in wanted:  # the sampled token, then its alternatives
             ids.append(run[i].next_token)
             ids += [token for token, _ in run[i].logprob.top]
-        texts = iter(self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False))
-        raws = iter(token_bytes(self.tokenizer, ids))
+        texts, raws = map(iter, self._texts(ids))
         for i in wanted:
             lp, decoded = run[i].logprob, decoded_run[i]
             token, raw = next(texts), next(raws)
