@@ -141,8 +141,8 @@ class TokenizerWorker:
     def handle(self, msgs: list[TokenizerMsg]) -> None:
         to_backend: list[BackendMsg] = []
         to_frontend: list[FrontendMsg] = []
-        if self._compiling:  # grammars compiled since the last call go first
-            to_backend += self._take_compiled(to_frontend)
+        if self.compiler is not None:  # grammars compiled since the last call go first
+            to_backend += self._take_compiled(to_frontend)  # (and what else they said)
         run: list[DetokenizeMsg] = []  # consecutive tokens, decoded in one batch
         for msg in msgs:
             if isinstance(msg, DetokenizeMsg):
