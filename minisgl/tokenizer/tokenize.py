@@ -141,3 +141,9 @@ def token_bytes(tokenizer, ids: list[int]) -> list[bytes]:
         else:  # SentencePiece word pieces: "▁" is a space
             out.append(piece.replace("\u2581", " ").encode())
     return out
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """The most bytes of text one token of `tokenizer` stands for: a text of n bytes is at
+    least n / this many tokens, whatever it says."""
+    return max(1, max(map(len, token_bytes(tokenizer, list(range(len(tokenizer))))), default=1))
