@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_for_futures
 from typing import Protocol
@@ -73,11 +74,14 @@ from minisgl.message import (
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .pacing import PrefillPacer
 from .prefill import PrefillManager
 from .table import TableManager
 from .timeline import SchedulerTimeline
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_STEP_SECONDS = 0.3  # SchedulerConfig.prefill_step_seconds on a CPU
 
 
 def _error(
@@ -123,6 +127,10 @@ class Scheduler:
         self.num_preemptions = 0  # requests evicted for recompute since start
         overlap = self.config.overlap_schedule
         self.overlap = engine.device.type == "cuda" if overlap is None else overlap
+        pace = self.config.prefill_step_seconds
+        if pace is None:  # a CPU runs a step inside its launch: it can be timed and paced
+            pace = DEFAULT_CPU_STEP_SECONDS if engine.device.type == "cpu" else 0
+        self.pacer = PrefillPacer(self.config.max_prefill_tokens, pace or None)
         self._in_flight: _Launched | None = None  # launched, results not read yet
         self._rests = 0  # rank 0: rest periods so far (the others sleep through them)
         self._resting = False
@@ -425,7 +433,11 @@ class Scheduler:
         self.steps += 1
         if self.timeline is not None:  # the step's start, before the forward pass
             self._record_step(batch)
+        started = time.perf_counter()
         handle = self.engine.launch(batch)
+        if self.engine.device.type == "cpu":  # the step has run: its time tells the speed
+            prefill = sum(r.extend_len for r in batch.reqs[batch.decodes :])
+            self.pacer.observe(prefill, batch.decodes, time.perf_counter() - started)
         scoring = [batch.reqs[i] for i, _, _, _ in batch.scoring]
         for req, (_, start, count, _) in zip(scoring, batch.scoring):
             req.prompt_scores.launched = start + count  # never scored twice, even if recomputed
@@ -542,7 +554,7 @@ class Scheduler:
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
-            self.config.max_prefill_tokens,
+            self.pacer.budget(len(decode)),
             self.table_manager,
             self.cache_manager,
             keep_free=len(decode),

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import HTMLResponse, Response
@@ -258,9 +258,16 @@ def create_app(
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/debug/requests")
-    async def debug_requests():
-        """Timelines of the requests in flight and of the last --debug-history ended."""
-        return frontend().debug_requests()
+    async def debug_requests(
+        limit: int = Query(100, ge=1, le=1000),
+        since: int = Query(0, ge=0),
+        request_id: str | None = None,
+    ):
+        """Timelines of the requests in flight and of the last --debug-history ended: at
+        most `limit` of each, only those ended after the `since`-th end (`seq`), or only
+        one request id's. The body is built from at most `limit` timelines, whatever the
+        history holds, so a page polling it never stalls the server."""
+        return frontend().debug_requests(limit=limit, since=since, request_id=request_id)
 
     @app.get("/debug", response_class=HTMLResponse)
     async def debug_page():

@@ -101,6 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill token budget per step; longer prompts are prefilled in chunks",
     )
     p.add_argument(
+        "--prefill-step-seconds",
+        type=float,
+        default=s.prefill_step_seconds,
+        help="while sequences decode, size prefill chunks so one step takes about this long "
+        "(default: 0.3 on a CPU, off on CUDA; 0: off)",
+    )
+    p.add_argument(
         "--attention-backend", default=e.attention_backend, choices=["auto", "torch", "triton"]
     )
     p.add_argument(
@@ -252,6 +259,8 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         build_parser().error(
             f"{source} is empty: give a key, or unset it to serve without authentication"
         )
+    if ns.prefill_step_seconds is not None and ns.prefill_step_seconds < 0:
+        build_parser().error("--prefill-step-seconds must not be negative")
     if ns.shutdown_timeout < 0:
         build_parser().error("--shutdown-timeout must not be negative")
     if ns.max_connections is not None and ns.max_connections < 1:

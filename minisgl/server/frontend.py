@@ -230,13 +230,15 @@ class FrontendManager:
             state.uid, event, ended, buffer.prompt_tokens, buffer.completion_tokens, **detail
         )
 
-    def debug_requests(self) -> dict:
-        """GET /debug/requests: the timelines of requests in flight and recently ended."""
+    def debug_requests(self, **query) -> dict:
+        """GET /debug/requests: the timelines of requests in flight and recently ended
+        (`query`: Timelines.snapshot's limit, since and request_id)."""
         counts = {
             uid: (s.buffer.prompt_tokens, s.buffer.completion_tokens)
             for uid, s in self.states.items()
         }
-        return (self.timelines or Timelines(history=0)).snapshot(counts)  # none: empty
+        store = self.timelines or Timelines(history=0)  # none: an empty store's answer
+        return store.snapshot(counts, **query)
 
     # --8<-- [start:listen]
     async def listen(self) -> None:
