@@ -169,7 +169,7 @@ def test_the_debug_routes_need_the_key(server):
 
 def test_one_answer_is_bounded_however_long_the_history(server):
     with httpx.Client(headers=AUTH, timeout=30) as http:
-        for i in range(120):
+        for _ in range(120):
             body = tokens_body(server, 1)
             assert http.post(chat_url(server), json=body).status_code == 200
         first = _requests(server)  # the default: at most 100 of each
