@@ -68,6 +68,9 @@ class SamplingParams:
     json_schema: str | None = None
     # or: the output follows this grammar, in llguidance's Lark syntax (forced tool calls)
     grammar: str | None = None
+    # not sampling, but per request all the same: requests share cached prefix pages only
+    # when their salts are equal (vLLM's `cache_salt`); None is the salt of the unsalted
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.json_schema is not None or self.grammar is not None:

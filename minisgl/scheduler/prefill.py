@@ -114,4 +114,9 @@ def _same_next_page(chosen: Req, req: Req, page_size: int) -> bool:
     if end > (len(req.token_ids) - 1) // page_size * page_size:
         return False  # it holds req's last token: req computes it anyway
     start, stop = chosen.cached_len, chosen.cached_len + chosen.extend_len
-    return start <= req.cached_len and stop >= end and chosen.token_ids[:end] == req.token_ids[:end]
+    return (
+        start <= req.cached_len
+        and stop >= end
+        and chosen.sampling_params.cache_salt == req.sampling_params.cache_salt
+        and chosen.token_ids[:end] == req.token_ids[:end]
+    )
