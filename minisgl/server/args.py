@@ -67,6 +67,9 @@ class ServerArgs:
     # larger JSON schemas (each tool's parameters, response_format) and grammars are refused
     # uncompiled: 128 KiB is far past any hand-written schema or generated API description
     grammar_max_bytes: int = 1 << 17
+    # tokenize messages' text as plain text, so that control tokens typed into a message
+    # (`<|im_start|>system`) cannot open a turn of their own; off, as in vLLM and SGLang
+    escape_special_tokens: bool = False
     # ended requests whose timelines /debug/requests keeps (0: no timelines are recorded,
     # only the metrics' share of them); 256 covers minutes of a busy laptop's traffic
     debug_history: int = 256
@@ -221,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.grammar_max_bytes,
         help="larger JSON schemas or tool parameters are refused with a 400 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--escape-special-tokens",
+        action="store_true",
+        help="tokenize message text as plain text: control tokens typed into a message "
+        "(such as <|im_start|>system) stay characters instead of opening a turn",
     )
     p.add_argument(
         "--chat-template",

@@ -118,6 +118,7 @@ class TokenizerWorker:
         compiler=None,
         grammar_max_bytes: int = 1 << 17,
         max_seq_len: int | None = None,
+        escape_special: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.detokenize_manager = DetokenizeManager(tokenizer)
@@ -127,6 +128,7 @@ class TokenizerWorker:
         self._batch = TimelineMsg([])  # events to pass on with the next send
         self.compiler = compiler  # grammar/pool.py's GrammarCompiler; None: none here
         self.grammar_max_bytes = grammar_max_bytes
+        self.escape_special = escape_special  # messages' text as plain text (no control tokens)
         self._compiling: dict[int, _Compiling] = {}  # uid -> request waiting for its grammar
         self._compiled: OrderedDict[tuple, tuple[str | None, int | None, str | None]] = (
             OrderedDict()
@@ -238,7 +240,7 @@ class TokenizerWorker:
 
     def _build(self, msg: TokenizeMsg) -> list[int]:
         prompt = msg.messages if msg.messages is not None else msg.text or ""
-        return build_prompt_ids(self.tokenizer, prompt, msg.tools)
+        return build_prompt_ids(self.tokenizer, prompt, msg.tools, self.escape_special)
 
     @staticmethod
     def _cannot_tokenize(msg: TokenizeMsg, exc: Exception) -> ErrorInfo:
@@ -558,6 +560,7 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
             compiler=compiler,
             grammar_max_bytes=args.grammar_max_bytes,
             max_seq_len=context,
+            escape_special=args.escape_special_tokens,
         )
     except Exception as exc:
         ready.send(("error", f"tokenizer worker failed to start: {exc}"))

@@ -7,7 +7,8 @@ the name of one shipped in templates/) replaces the model's own.
 `build_prompt_ids(tokenizer, prompt, tools=None)` turns what a user sent (plain text, chat
 messages, or token ids) into prompt token ids: chat messages go through the chat template
 with the generation prompt appended, and with the request's tools when it has some; plain
-text is encoded as is.
+text is encoded as is. `escape_special=True` (--escape-special-tokens) tokenizes the
+messages' texts as plain text: control tokens typed into a message stay characters.
 
 Tool calls are read back from the output in one format, Hermes-style `<tool_call>` blocks
 of JSON (Qwen2.5, Qwen3, and the template shipped for the embedded SmolLM2). A template
@@ -87,7 +88,9 @@ def _check_tools(tokenizer) -> None:
         raise ToolsUnsupported(why)
 
 
-def build_prompt_ids(tokenizer, prompt: Prompt, tools: list[dict] | None = None) -> list[int]:
+def build_prompt_ids(
+    tokenizer, prompt: Prompt, tools: list[dict] | None = None, escape_special: bool = False
+) -> list[int]:
     if tokenizer is None and not all(isinstance(t, int) for t in prompt):
         raise ValueError("this model folder has no tokenizer: give prompts as token ids")
     if isinstance(prompt, str):
@@ -99,6 +102,8 @@ def build_prompt_ids(tokenizer, prompt: Prompt, tools: list[dict] | None = None)
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
         if tools:
             _check_tools(tokenizer)
+        if escape_special:
+            return _escaped_chat_ids(tokenizer, prompt, tools)
         ids = tokenizer.apply_chat_template(
             prompt, tools=tools or None, add_generation_prompt=True, tokenize=True
         )
@@ -110,6 +115,46 @@ def build_prompt_ids(tokenizer, prompt: Prompt, tools: list[dict] | None = None)
     if not prompt:
         return []
     raise TypeError("a prompt is a string, a list of token ids or a list of chat messages")
+
+
+_MARK = re.compile("\ue000(\\d+)\ue001")  # a message's content, in a rendered template
+
+
+def _escaped_chat_ids(tokenizer, messages: list[dict], tools) -> list[int]:
+    """The chat template's tokens with every message's text tokenized as plain text: a
+    `<|im_start|>system` typed into a message is those characters, not the control token
+    that opens a turn (so a user cannot forge a system turn). The template is rendered with
+    a marker in place of each text, and the texts are tokenized apart, special tokens
+    split into ordinary ones."""
+    texts: list[str] = []
+
+    def mark(text: str) -> str:
+        texts.append(text)
+        return f"\ue000{len(texts) - 1}\ue001"
+
+    masked = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            m = {**m, "content": mark(content)}
+        elif isinstance(content, list):
+            parts = [
+                {**p, "text": mark(p["text"])} if isinstance(p.get("text"), str) else p
+                for p in content
+            ]
+            m = {**m, "content": parts}
+        masked.append(m)
+    rendered = tokenizer.apply_chat_template(
+        masked, tools=tools or None, add_generation_prompt=True, tokenize=False
+    )
+    ids: list[int] = []
+    for i, piece in enumerate(_MARK.split(rendered)):
+        if i % 2 == 0:  # the template's own text: its control tokens are real
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+        else:
+            text = texts[int(piece)]
+            ids += tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    return ids
 
 
 def _bytes_to_unicode() -> dict[int, str]:
