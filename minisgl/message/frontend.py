@@ -40,7 +40,7 @@ class UserReply(msgspec.Struct, tag=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0  # tokens of this choice so far, this reply's included
     index: int = 0  # which choice
-    logprobs: list[TokenInfo] | None = None  # for this reply's token, when asked
+    logprobs: list[TokenInfo] | None = None  # for the tokens whose text this reply carries
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage)
     # on a choice's first reply, when asked (echo with logprobs): one per prompt token
     prompt_logprobs: list[TokenInfo] | None = None

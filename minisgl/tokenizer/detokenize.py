@@ -44,6 +44,7 @@ class Decoded:
     cached_tokens: int = 0  # prompt tokens the scheduler found in its prefix cache
     # on each choice's first message: the prompt logprobs, when asked (DecodeState)
     prompt_logprobs: list[TokenInfo] | None = None
+    choice: ChoiceState | None = None  # the choice's state (its held-back logprobs)
 
 
 @dataclass
@@ -57,6 +58,8 @@ class ChoiceState:
     held: list[str] = field(default_factory=list)
     held_len: int = 0
     stop_state: list[int] = field(default_factory=list)  # StopStrings' matching state
+    # logprobs of tokens whose text is held back: they go out with it, or not at all
+    held_logprobs: list[TokenInfo] = field(default_factory=list)
     finish_reason: str | None = None
     echo: str = ""  # the prompt, sent ahead of the first token's text (completions' echo)
     started: bool = False  # its first message has been decoded
@@ -178,6 +181,7 @@ class DetokenizeManager:
                 text_offset=choice.sent + len(echo),
                 cached_tokens=state.cached_tokens,
                 prompt_logprobs=state.prompt_infos if first else None,
+                choice=choice,
             )
             choice.sent += len(echo) + len(text)
             if state.done:

@@ -505,8 +505,23 @@ class TokenizerWorker:
             offset = decoded.text_offset
             if token and decoded.text.endswith(token):
                 offset += len(decoded.text) - len(token)
-            infos[i] = [TokenInfo(token, raw, lp.logprob, offset, top)]
+            info = TokenInfo(token, raw, lp.logprob, offset, top)
+            infos[i] = self._with_text(decoded, info)
         return infos
+
+    @staticmethod
+    def _with_text(decoded, info: TokenInfo) -> list[TokenInfo] | None:
+        """A token's logprob goes out with its text, so that the logprobs' bytes spell the
+        content: held back while its text is (part of a character, or of what may be a
+        stop string), and dropped when its text never comes (an end token, a character
+        never completed)."""
+        held = decoded.choice.held_logprobs
+        if decoded.text:
+            decoded.choice.held_logprobs = []
+            return [*held, info]
+        if decoded.finish_reason is None:
+            held.append(info)
+        return None
 
     def _error(self, msg: BackendErrorMsg) -> list[FrontendMsg]:
         state = self.detokenize_manager.decode_map.get(msg.uid)

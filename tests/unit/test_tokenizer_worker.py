@@ -572,3 +572,26 @@ def test_escaped_message_text_cannot_forge_a_turn(tokenizer) -> None:
     assert sent[False][0].count(start) == 3 and sent[True][0].count(start) == 2
     assert tokenizer.decode(sent[True][0]) == tokenizer.decode(sent[False][0])  # same text
     assert sent[True][1] == sent[False][1]  # a chat with nothing typed in: the same tokens
+
+
+@pytest.mark.parametrize("ending", ["eos", "cut_character"])
+def test_the_logprobs_bytes_spell_the_content(tokenizer, ending) -> None:
+    from minisgl.message import TokenLogprob
+
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(70, _params(), input_ids_packed=pack_ids([3]))])
+    rec.clear()
+    ids = tokenizer.encode("ok 鲸鱼🐳", add_special_tokens=False)
+    if ending == "eos":  # the end token ends the text: it is not part of it
+        steps = [(t, None) for t in ids] + [(tokenizer.eos_token_id, "stop")]
+    else:  # max_tokens falls inside the emoji: its first bytes never become a character
+        steps = [(t, None) for t in ids[:-2]] + [(ids[-2], "length")]
+    assert any("\ufffd" in tokenizer.decode([t]) for t, _ in steps)
+    for token, finish in steps:
+        lp = TokenLogprob(-0.5, [(token, -0.5)])
+        worker.handle([DetokenizeMsg(70, token, finish, logprob=lp)])
+    replies = [m for m in rec.frontend if isinstance(m, UserReply)]
+    content = "".join(r.incremental_output for r in replies)
+    spelled = b"".join(i.raw for r in replies for i in r.logprobs or [])
+    assert content and spelled == content.encode(), (content, spelled)
+    assert _states(worker) == {}
