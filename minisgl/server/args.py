@@ -38,6 +38,10 @@ class ServerArgs:
     # unread output per request: 1 MiB is far more than a reading client ever lags behind,
     # and 1024 stalled requests then hold at most 1 GiB
     max_pending_bytes: int = 1 << 20
+    # a non-streamed answer is collected whole before it is sent: past this many bytes of
+    # output (text and logprobs) the request ends with a 400 and its resources are freed;
+    # 16 MiB holds thousands of tokens with logprobs, and 1024 of them at once 16 GiB
+    max_response_bytes: int = 16 << 20
     # seconds a streaming client may read nothing while output waits: far past a live
     # client's pause, short enough that a dead connection frees its slot soon
     client_stall_timeout: float = 30.0
@@ -177,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="abort a request whose unread output grows past this many bytes",
     )
     p.add_argument(
+        "--max-response-bytes",
+        type=int,
+        default=d.max_response_bytes,
+        help="a non-streamed answer with more output than this is refused (stream it instead)",
+    )
+    p.add_argument(
         "--client-stall-timeout",
         type=float,
         default=d.client_stall_timeout,
@@ -251,6 +261,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         "max_prefill_tokens",
         "max_concurrent_requests",
         "max_pending_bytes",
+        "max_response_bytes",
         "max_body_bytes",
         "client_stall_timeout",
         "worker_heartbeat_timeout",

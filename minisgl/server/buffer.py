@@ -22,6 +22,11 @@ class ChoiceOutput:
     logprobs: list[TokenInfo]
 
 
+def logprobs_bytes(infos: list[TokenInfo]) -> int:
+    """About how much memory logprobs take while they wait (their JSON is larger still)."""
+    return sum(24 + 2 * len(i.raw) + sum(24 + 2 * len(raw) for _, raw, _ in i.top) for i in infos)
+
+
 @dataclass
 class Output:
     """Everything that was pending for one request at one wake-up."""
@@ -105,10 +110,7 @@ class ReplyBuffer:
         if reply.logprobs:
             choice.logprobs += reply.logprobs
             # logprobs wait unread too: count them against the slow-client cap
-            self.pending_bytes += sum(
-                24 + 2 * len(i.raw) + sum(24 + 2 * len(raw) for _, raw, _ in i.top)
-                for i in reply.logprobs
-            )
+            self.pending_bytes += logprobs_bytes(reply.logprobs)
         choice.tokens = max(choice.tokens, reply.completion_tokens)
         self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)
         self.cached_tokens = max(self.cached_tokens, reply.cached_tokens)

@@ -104,6 +104,7 @@ class FrontendManager:
         send: Callable[[list[TokenizerMsg]], None],
         recv: Callable[[], Awaitable[list[FrontendMsg]]],
         max_pending_bytes: int = 1 << 20,
+        max_response_bytes: int = 16 << 20,
         max_concurrent: int = 1 << 30,
         metrics: ServerMetrics | None = None,
         timelines: Timelines | None = None,
@@ -112,6 +113,7 @@ class FrontendManager:
         self._send = send
         self._recv = recv
         self.max_pending_bytes = max_pending_bytes
+        self.max_response_bytes = max_response_bytes  # a non-streamed answer, collected
         self.max_concurrent = max_concurrent
         self.metrics = metrics
         self.timelines = timelines

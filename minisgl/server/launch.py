@@ -293,6 +293,7 @@ def connect_frontend(
         to_tokenizer.put,
         inbox.get,
         max_pending_bytes=args.max_pending_bytes,
+        max_response_bytes=args.max_response_bytes,
         max_concurrent=args.max_concurrent_requests,
         metrics=metrics,
         timelines=Timelines(args.debug_history),

@@ -28,8 +28,9 @@ from typing import Any
 
 from starlette.responses import Response
 
-from minisgl.message import ErrorInfo, TokenInfo, TokenizeMsg
+from minisgl.message import ErrorInfo, ErrorKind, TokenInfo, TokenizeMsg
 
+from .buffer import logprobs_bytes
 from .errors import RequestFailed, error_code, json_response
 from .formats import ChatFormat, CompletionFormat
 from .frontend import FrontendManager
@@ -127,6 +128,7 @@ class FullResponse(_CompletionResponse):
         texts: list[list[str]] = [[] for _ in range(k)]
         finish: list[str | None] = [None] * k
         logprobs: list[list[TokenInfo]] = [[] for _ in range(k)]
+        cap, collected, too_large = self.frontend.max_response_bytes, 0, None
         async with self.frontend.requests(job.make_msgs, job.n) as states:
             async with aclosing(self.frontend.wait_for_ack(*states)) as outputs:
                 async for out in outputs:
@@ -134,8 +136,12 @@ class FullResponse(_CompletionResponse):
                         texts[c.index].append(c.text)
                         logprobs[c.index] += c.logprobs
                         finish[c.index] = c.finish_reason or finish[c.index]
-            if out.error is not None:
-                await self.send_error(send, out.error)
+                        collected += len(c.text.encode()) + logprobs_bytes(c.logprobs)
+                    if collected > cap:  # leaving the scope aborts the rest
+                        too_large = _too_large(cap)
+                        break
+            if too_large is not None or out.error is not None:
+                await self.send_error(send, too_large or out.error)
                 return
             body = job.fmt.body(
                 ["".join(t) for t in texts],
@@ -147,6 +153,14 @@ class FullResponse(_CompletionResponse):
             )
             with states[0].sending():  # a client that never reads this body is a stall too
                 await self.send_response(send, json_response(200, body))
+
+
+def _too_large(cap: int) -> ErrorInfo:
+    return ErrorInfo(
+        ErrorKind.RESPONSE_TOO_LARGE,
+        f"the whole response would hold more than {cap} bytes of output "
+        "(--max-response-bytes); ask for fewer tokens, choices or logprobs, or stream it",
+    )
 
 
 class StreamResponse(_CompletionResponse):
