@@ -41,6 +41,9 @@ class UserReply(msgspec.Struct, tag=True):
     index: int = 0  # which choice
     logprobs: list[TokenInfo] | None = None  # for this reply's token, when asked
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage)
+    # sent once, before any output, when the prompt ends inside an open `<think>` block:
+    # the output starts as reasoning (--reasoning-parser)
+    reasoning_open: bool = False
 
 
 # --8<-- [end:user_reply]

@@ -2,7 +2,9 @@
 
 Contract (per uid):
 - TokenizeMsg: build the prompt ids, create the decode state, send UserMsg to the scheduler.
-  A prompt that cannot be tokenized is answered at once with an error UserReply.
+  A prompt that cannot be tokenized is answered at once with an error UserReply. A prompt
+  that leaves a reasoning model inside its `<think>` block is told to the API server with
+  a UserReply carrying `reasoning_open`, ahead of any output.
 - AbortMsg: drop the decode state and forward AbortBackendMsg (the reference forwarded the
   abort but kept the decode state, which then leaked).
 - DetokenizeMsg: new text for one choice of the uid, sent on as a UserReply; when a stop
@@ -52,7 +54,13 @@ from minisgl.message import (
 )
 
 from .detokenize import DetokenizeManager
-from .tokenize import ToolsUnsupported, build_prompt_ids, load_tokenizer, token_bytes
+from .tokenize import (
+    ToolsUnsupported,
+    build_prompt_ids,
+    load_tokenizer,
+    reasoning_open,
+    token_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +141,14 @@ class TokenizerWorker:
                 ids = unpack_ids(msg.input_ids_packed)
             else:
                 prompt = msg.messages if msg.messages is not None else msg.text or ""
-                ids = build_prompt_ids(self.tokenizer, prompt, msg.tools)
+                ids = build_prompt_ids(
+                    self.tokenizer,
+                    prompt,
+                    msg.tools,
+                    msg.add_generation_prompt,
+                    msg.continue_final_message,
+                    msg.chat_template_kwargs,
+                )
         except ToolsUnsupported as exc:
             error = ErrorInfo(ErrorKind.INVALID_PROMPT, str(exc), "tools")
             return self._refuse(msg.uid, error, to_frontend)
@@ -156,6 +171,8 @@ class TokenizerWorker:
         self.detokenize_manager.add(
             msg.uid, len(ids), params.n, params.stop, params.min_tokens, echo=echo
         )
+        if msg.reasoning is not None and reasoning_open(self.tokenizer, ids, msg.reasoning):
+            to_frontend.append(UserReply(msg.uid, reasoning_open=True))
         return [UserMsg.make(msg.uid, ids, params)]
 
     def _refuse(self, uid: int, error: ErrorInfo, to_frontend: list[FrontendMsg]) -> list:
