@@ -145,7 +145,6 @@ class AssistantToolCall(_Strict):
         return {"id": self.id, "type": "function", "function": function}
 
 
-Content = str | list[TextPart]
 
 
 class _Message(_Strict):
@@ -378,11 +377,15 @@ class _IgnoredChatFields(_Strict):
     verbosity: Literal["low", "medium", "high"] | None = None
     prediction: dict[str, Any] | None = None  # predicted output: a latency hint only
     modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None  # audio output's voice and format: only null
 
     @model_validator(mode="after")
     def _check_modalities(self):
         if self.modalities is not None and "audio" in self.modalities:
-            raise ParamError("modalities", "this server generates text only: no audio output")
+            message = "modalities: this server generates text only, not audio"
+            raise ParamError("modalities", message)
+        if self.audio is not None:
+            raise ParamError("audio", "audio: this server generates text only, not audio")
         return self
 
 
@@ -486,6 +489,13 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    suffix: str | None = None  # text after the completion (insertion): only null
+
+    @model_validator(mode="after")
+    def _check_suffix(self):
+        if self.suffix is not None:
+            raise ParamError("suffix", "suffix (text to insert the completion before) is not supported")
+        return self
 
     @model_validator(mode="after")
     def _check_completion(self):
