@@ -182,3 +182,20 @@ def test_markers_of_several_tokens_are_found_in_the_text(tmp_path):
     assert len(ids) > 2 and reasoning_open(tok, ids, "qwen3") is True
     ids = tok.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
     assert reasoning_open(tok, ids, "deepseek-r1") is False
+
+
+def test_the_template_fields_shape_the_prompt(tmp_path):
+    from minisgl.tokenizer.tokenize import build_prompt_ids
+
+    tok = make_tokenizer(tmp_path)
+    tok.chat_template += "{% if enable_thinking is defined and not enable_thinking %}/no{% endif %}"
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The cap"}]
+
+    def text(**options) -> str:
+        return tok.decode(build_prompt_ids(tok, chat, **options))
+
+    assert text().endswith("The cap<|im_end|>\n<|im_start|>assistant\n")
+    assert text(add_generation_prompt=False).endswith("The cap<|im_end|>\n")
+    assert text(add_generation_prompt=False, continue_final_message=True).endswith("The cap")
+    off = text(template_kwargs={"enable_thinking": False})
+    assert off.endswith("assistant\n/no") and not text().endswith("/no")
