@@ -41,6 +41,10 @@ class ServerSpec:
     shared: bool = False
 
 
+# the embedded default model (real weights), shared by the modules that try what a user
+# would: its answers, structured output and tool calls, and the clients people use
+DEFAULT_SERVER = ServerSpec(None, shared=True)
+
 # test_protocol_*.py: the tiny Llama with a 2048-token context (a long generation stays in
 # flight for seconds) and 4-token KV pages (page sharing between the n choices of a request
 # is visible in page counts)
