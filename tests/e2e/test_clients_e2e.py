@@ -4,7 +4,8 @@ real server with the embedded model (SmolLM2-135M-Instruct, real weights): the o
 pydantic-ai. Each runs a plain answer, a stream, a tool round trip (the call sent back in
 the history as the client builds it, the tool's result answered) and structured output.
 Every test ends with /debug/lifecycle at zero in all three processes (the `server`
-fixture). (The clients that cannot share this environment's pins run from their own: see
+fixture). (The openai client's structured output, `parse` with a pydantic model, is in
+test_default_model_server.py, on the same server.) (The clients that cannot share this environment's pins run from their own: see
 test_client_envs_e2e.py.)"""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Literal
 import pytest
 from e2e_helpers import DEFAULT_SERVER
 from pydantic import BaseModel, Field
+from test_default_model_server import WEATHER_TOOL  # get_weather(city, unit)
 
 pytestmark = pytest.mark.server(DEFAULT_SERVER)
 
@@ -27,20 +29,6 @@ WEATHER_RESULT = {"city": "Paris", "temperature": 21, "unit": "celsius", "sky": 
 class City(BaseModel):
     name: str = Field(max_length=16)
     country: Literal["France", "Italy", "Spain"]
-
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 24}},
-            "required": ["city"],
-        },
-    },
-}
 
 
 def said_the_result(text: str) -> bool:
@@ -106,18 +94,6 @@ def test_openai_tool_round_trip_with_model_dump_history(server, client):
         temperature=0,
     )
     assert said_the_result(answer.choices[0].message.content)
-
-
-def test_openai_structured_output(server, client):
-    completion = client.chat.completions.parse(
-        model=server.model_name,
-        messages=[{"role": "user", "content": "Describe the capital of France."}],
-        max_tokens=60,
-        temperature=0,
-        response_format=City,
-    )
-    city = completion.choices[0].message.parsed
-    assert isinstance(city, City) and completion.choices[0].finish_reason == "stop"
 
 
 # ---------------------------------------------------------------- langchain-openai

@@ -10,9 +10,9 @@ import json
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from test_tool_calls import outputs
 from tiny import make_tokenizer
 
-from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.formats import ChatFormat
 from minisgl.server.reasoning import ReasoningParser
 from minisgl.server.tools import ToolCalling
@@ -64,21 +64,6 @@ def test_text_split_at_every_position_reads_like_the_whole(case):
 
 
 # ---------------------------------------------------------------- through the chat format
-def outputs(text: str, reason: str, cuts: list[int], reasoning_open: bool) -> list[Output]:
-    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
-    return [
-        Output(
-            [ChoiceOutput(0, piece, reason if i == len(pieces) - 1 else None, [])],
-            prompt_tokens=5,
-            completion_tokens=i + 1,
-            finished=i == len(pieces) - 1,
-            error=None,
-            reasoning_open=reasoning_open,
-        )
-        for i, piece in enumerate(pieces)
-    ]
-
-
 def streamed(text: str, reason: str, cuts: list[int], tools=None, reasoning_open=False):
     """The streamed choice as the official client assembles it, and the reasoning
     deltas joined (the client keeps unknown delta fields but does not join them)."""

@@ -354,7 +354,8 @@ def test_forced_choices_carry_their_grammar():
 
 
 # ---------------------------------------------------------------- the response
-def outputs(text: str, reason: str, cuts: list[int]) -> list[Output]:
+def outputs(text: str, reason: str, cuts: list[int], reasoning_open: bool = False) -> list[Output]:
+    """One choice's `text`, cut at `cuts`, as the frontend's successive outputs."""
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
     return [
         Output(
@@ -363,6 +364,7 @@ def outputs(text: str, reason: str, cuts: list[int]) -> list[Output]:
             completion_tokens=i + 1,
             finished=i == len(pieces) - 1,
             error=None,
+            reasoning_open=reasoning_open,
         )
         for i, piece in enumerate(pieces)
     ]

@@ -18,29 +18,20 @@ class City(BaseModel):
 
 
 prompt = [{"role": "user", "content": "Describe the capital of France."}]
-for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
-    client = instructor.from_openai(
+options = dict(
+    model=model, messages=prompt, response_model=City, max_tokens=60, temperature=0, max_retries=0
+)
+
+
+def client(mode=instructor.Mode.TOOLS):
+    return instructor.from_openai(
         openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0), mode=mode
     )
-    city = client.chat.completions.create(
-        model=model,
-        messages=prompt,
-        response_model=City,
-        max_tokens=60,
-        temperature=0,
-        max_retries=0,
-    )
+
+
+for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+    city = client(mode).chat.completions.create(**options)
     assert isinstance(city, City), city
-client = instructor.from_openai(openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0))
-partials = list(
-    client.chat.completions.create_partial(
-        model=model,
-        messages=prompt,
-        response_model=City,
-        max_tokens=60,
-        temperature=0,
-        max_retries=0,
-    )
-)
+partials = list(client().chat.completions.create_partial(**options))
 assert partials and isinstance(partials[-1].country, str), partials
 print("ok", instructor.__version__, openai.__version__)
