@@ -145,8 +145,6 @@ class AssistantToolCall(_Strict):
         return {"id": self.id, "type": "function", "function": function}
 
 
-
-
 class _Message(_Strict):
     """One message of the conversation; `as_template_input` is what chat templates read."""
 
@@ -359,7 +357,8 @@ class _SamplingFields(_Strict):
 _TEMPLATE_ARGUMENTS = frozenset(
     {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
      "continue_final_message", "tokenize", "padding", "truncation", "max_length",
-     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"}
+     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+     "sanitize_control_tokens"}
 )  # fmt: skip
 ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 
@@ -494,7 +493,9 @@ class CompletionRequest(_SamplingFields):
     @model_validator(mode="after")
     def _check_suffix(self):
         if self.suffix is not None:
-            raise ParamError("suffix", "suffix (text to insert the completion before) is not supported")
+            raise ParamError(
+                "suffix", "suffix (text to insert the completion before) is not supported"
+            )
         return self
 
     @model_validator(mode="after")

@@ -315,3 +315,24 @@ async def test_a_constrained_answer_has_no_reasoning():
     assert seen[0].reasoning is None
     assert full["choices"][0]["message"]["content"] == '{"a": 1}'
     assert "reasoning_content" not in full["choices"][0]["message"]
+
+
+def test_a_response_schema_forbids_the_properties_it_does_not_list():
+    """xgrammar's strict default, which vLLM and SGLang use: pydantic's schemas leave
+    additionalProperties unsaid, so a small model could add keys until max_tokens."""
+    from minisgl.server.protocol import ChatCompletionRequest
+
+    def sent(schema: dict) -> dict:
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        req = ChatCompletionRequest.model_validate(chat(response_format=fmt))
+        return json.loads(req.sampling_params().json_schema)
+
+    inner = {"type": "object", "properties": {"b": {"type": "integer"}}}
+    schema = {"type": "object", "properties": {"a": inner}, "$defs": {"D": inner}}
+    closed = sent(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["$defs"]["D"]["additionalProperties"] is False
+    opened = sent({**schema, "additionalProperties": True})
+    assert opened["additionalProperties"] is True  # what the schema says, it keeps
+    assert "additionalProperties" not in schema  # the request's own schema untouched
