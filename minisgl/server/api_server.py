@@ -64,7 +64,7 @@ def _validation_error(exc: RequestValidationError) -> HttpError:
     if first.get("type") == "json_invalid":
         return HttpError(400, f"the request body is not valid JSON: {first.get('msg')}")
     if first.get("type") == "unsupported_content_part":  # names the part: messages[0].content[1]
-        where = f"messages[{loc[1]}].content[{first['ctx']['j']}]"
+        where = f"{loc[0]}[{loc[1]}].content[{first['ctx']['j']}]" if len(loc) > 1 else "content"
         message = str(first.get("msg")).split(": ", 1)[1]
         return HttpError(400, f"{where}: {message}", code="invalid_value", param=where)
     cause = (first.get("ctx") or {}).get("error")
