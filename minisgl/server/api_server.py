@@ -5,7 +5,8 @@ response object (response.py) that owns the request's lifecycle. No route runs m
 or blocks the event loop. Every error is an OpenAI-style body
 `{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (the Responses
+API, translated to the chat path: responses.py, responses_format.py), GET /v1/models, GET
 /v1/models/{id} (the model card, with `max_model_len`), GET /health, GET /metrics, GET
 /debug/lifecycle, GET /debug/requests (request timelines), GET /debug (the live page),
 POST /debug/flush_cache (admin: empties the prefix cache when idle). In front of them:
@@ -42,6 +43,8 @@ from .middleware import (
 )
 from .protocol import MESSAGE_ROLES, ChatCompletionRequest, CompletionRequest, ParamError
 from .response import FullResponse, Job, StreamResponse
+from .responses import ResponsesRequest
+from .responses_format import ResponsesFormat
 
 logger = logging.getLogger(__name__)
 
@@ -164,10 +167,8 @@ def create_app(
         return (StreamResponse if req.stream else FullResponse)(frontend(), job)
 
     # --8<-- [start:chat_route]
-    @app.post("/v1/chat/completions")
-    async def v1_chat_completions(req: ChatCompletionRequest):
-        if (refusal := unknown_model(req.model)) is not None:
-            return refusal
+    def chat_job(req: ChatCompletionRequest, fmt: ChatFormat) -> Job:
+        """How a chat request is served, in the wire format `fmt` (chat, or responses)."""
         params = req.sampling_params()
         messages = [m.as_template_input() for m in req.messages]
         tools = req.template_tools()
@@ -187,19 +188,35 @@ def create_app(
                 reasoning=reasoning,
             )
 
-        fmt = ChatFormat(
-            model_name, params.n, req.tool_calling(), reasoning is not None, req.continuous_usage
-        )
-        job = Job(
+        fmt.reasoning = reasoning is not None  # its think block is read out of the answer
+        return Job(
             make_msgs=[make_msg],
             fmt=fmt,
             n=params.n,
             logprobs=req.logprobs,
             include_usage=req.include_usage,
         )
-        return respond(req, job)
+
+    @app.post("/v1/chat/completions")
+    async def v1_chat_completions(req: ChatCompletionRequest):
+        if (refusal := unknown_model(req.model)) is not None:
+            return refusal
+        fmt = ChatFormat(
+            model_name, req.n, req.tool_calling(), continuous_usage=req.continuous_usage
+        )
+        return respond(req, chat_job(req, fmt))
 
     # --8<-- [end:chat_route]
+
+    @app.post("/v1/responses")
+    async def v1_responses(req: ResponsesRequest):
+        """The Responses API: the chat request it stands for, answered as a response."""
+        if (refusal := unknown_model(req.model)) is not None:
+            return refusal
+        if req.user is not None:
+            logger.info("request %s: user %r", request_id_var.get(), req.user)
+        chat = req.chat
+        return respond(chat, chat_job(chat, ResponsesFormat(model_name, req, chat.tool_calling())))
 
     @app.post("/v1/completions")
     async def v1_completions(req: CompletionRequest):
@@ -245,13 +262,11 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        try:
+        try:  # what would refuse a request now: dead, draining, or frozen workers
             frontend().check_admission()
         except RequestFailed as refused:
             if refused.error.kind is not ErrorKind.OVERLOADED:  # busy is still healthy
                 return to_http(refused.error).response()
-        if (silent := frontend().silent_worker()) is not None:  # frozen, not dead
-            return to_http(silent).response()
         return {"status": "ok"}
 
     @app.get("/metrics")

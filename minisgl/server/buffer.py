@@ -101,6 +101,10 @@ class ReplyBuffer:
         if text:
             choice.pieces.append(text)
             self.pending_bytes += len(text.encode())
+        if reply.prompt_logprobs:
+            # ahead of the output's: not counted against the slow-client cap, as their size
+            # is the prompt's (the request's own), arriving once, not output piling up
+            choice.logprobs += reply.prompt_logprobs
         if reply.logprobs:
             choice.logprobs += reply.logprobs
             # logprobs wait unread too: count them against the slow-client cap
@@ -116,7 +120,8 @@ class ReplyBuffer:
             choice.finish_reason = reply.finish_reason
         if reply.finished:
             self.finish(reply.error)
-        return bool(text or reply.logprobs or reply.finish_reason or reply.finished)
+        news = text or reply.logprobs or reply.prompt_logprobs or reply.finish_reason
+        return bool(news or reply.finished)
 
     def finish(self, error: ErrorInfo | None = None) -> None:
         self.finished, self.error = True, error

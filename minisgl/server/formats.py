@@ -5,9 +5,9 @@ name and what was already sent) and turns the frontend's coalesced `Output`s int
 - `chunks(output)`: the SSE bytes of one output (a choice's first chunk carries
   role "assistant" in chat; a choice that ended gets a chunk with its finish_reason; an
   error after streaming began is one `data: {"error": ...}` event),
-- `usage_chunk(output)`: the last chunk asked for by `stream_options.include_usage`; with
-  `continuous_usage` (vLLM's `stream_options.continuous_usage_stats`) every chunk also
-  carries the usage so far,
+- `closing(output, include_usage)`: what ends the stream: the usage chunk asked for by
+  `stream_options.include_usage`, then `data: [DONE]`; with `continuous_usage` (vLLM's
+  `stream_options.continuous_usage_stats`) every chunk also carries the usage so far,
 - `body(...)`: the whole non-streaming response,
 - `error(error_info)`: the HTTP error answer on this endpoint (it names its prompt field).
 The shapes validate as the `openai` client's `ChatCompletion(Chunk)` and `Completion`.
@@ -100,6 +100,12 @@ class _Format:
             )
         return body
 
+    def closing(self, output: Output, include_usage: bool) -> bytes:
+        """What ends the stream after the last output's chunks: the usage chunk when asked
+        (and nothing failed), then `data: [DONE]`."""
+        usage = include_usage and output.error is None
+        return (self.usage_chunk(output) if usage else b"") + SSE_DONE
+
     def usage_chunk(self, output: Output) -> bytes:
         body = self._envelope(self.chunk_object, [])
         body["usage"] = usage(output.prompt_tokens, output.completion_tokens, output.cached_tokens)
@@ -145,6 +151,7 @@ class _ChoiceText:
     def __init__(self, tools: ToolCalling | None, reasoning: ReasoningParser | None) -> None:
         self.reasoning = reasoning
         self.tools: ToolCallParser | None = tools.parser() if tools is not None else None
+        self._given = 0  # calls completed_calls() has returned
 
     def feed(self, text: str, finish_reason: str | None) -> tuple[str, str, list[dict]]:
         """(reasoning, content, tool-call deltas) for the choice's next text; a
@@ -164,6 +171,12 @@ class _ChoiceText:
     @property
     def calls(self) -> list[dict[str, Any]]:
         return self.tools.calls if self.tools is not None else []
+
+    def completed_calls(self) -> list[dict[str, Any]]:
+        """The calls completed since the last time asked, whole (responses_format.py)."""
+        done = self.tools.done if self.tools is not None else 0
+        new, self._given = self.calls[self._given : done], done
+        return new
 
 
 class ChatFormat(_Format):
@@ -197,6 +210,13 @@ class ChatFormat(_Format):
             parser = ReasoningParser(self.reasoning_open) if self.reasoning else None
             self._texts[index] = _ChoiceText(self.tools, parser)
         return self._texts[index]
+
+    def _parse(self, choice: ChoiceOutput) -> tuple[str, list[dict[str, Any]]]:
+        """The content of the choice's new text and the calls it completed, whole (for a
+        format that sends each call at once: responses_format.py)."""
+        parsed = self._text(choice.index)
+        _, content, _ = parsed.feed(choice.text, choice.finish_reason)
+        return content, parsed.completed_calls()
 
     def _finish_reason(self, index: int, reason: str | None) -> str | None:
         if self.tools is None:
@@ -309,11 +329,17 @@ def _completion_token(text: str, raw: bytes) -> str:
 
 
 def _completion_logprobs(infos: list[TokenInfo]) -> dict[str, Any]:
-    top: list[dict[str, float]] = []
+    """OpenAI's shape: each token's alternatives always hold the token itself (so up to
+    `logprobs` + 1 of them); the echoed prompt's first token has null for both."""
+    top: list[dict[str, float] | None] = []
     for info in infos:
+        if info.logprob is None:  # the prompt's first token: nothing predicts it
+            top.append(None)
+            continue
         alternatives: dict[str, float] = {}
         for text, raw, lp in info.top:  # best first: a repeated name keeps its best value
             alternatives.setdefault(_completion_token(text, raw), lp)
+        alternatives.setdefault(_completion_token(info.token, info.raw), info.logprob)
         top.append(alternatives)
     return {
         "tokens": [_completion_token(info.token, info.raw) for info in infos],

@@ -139,6 +139,8 @@ class FrontendManager:
             raise RequestFailed(self.backend_error)
         if self.draining:
             raise RequestFailed(ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
+        if (silent := self.silent_worker()) is not None:  # it would only hang there
+            raise RequestFailed(silent)
         if len(self.states) >= self.max_concurrent:
             message = (
                 f"the server is at its limit of {self.max_concurrent} requests in flight; "

@@ -32,6 +32,8 @@ from .tools import ToolCalling, closed_schema
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Count = Annotated[int, Field(ge=1, le=2**63 - 1)]  # larger max_tokens are clamped anyway
+# completions' max_tokens may be 0: with echo that scores the prompt and generates nothing
+CompletionCount = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 class ParamError(ValueError):
@@ -484,7 +486,7 @@ class ChatCompletionRequest(_IgnoredChatFields, _SamplingFields):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: Count | None = 16  # OpenAI's default for completions
+    max_tokens: CompletionCount | None = 16  # OpenAI's default for completions
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
@@ -510,8 +512,6 @@ class CompletionRequest(_SamplingFields):
             raise ParamError("prompt", message)
         if self.best_of is not None and self.best_of != self.n:
             raise ParamError("best_of", "best_of other than n is not supported (it needs ranking)")
-        if self.echo and self.logprobs is not None:
-            raise ParamError("echo", "echo with logprobs is not supported (needs prompt logprobs)")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -524,4 +524,7 @@ class CompletionRequest(_SamplingFields):
         return list(p)
 
     def sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        params = self._sampling_params(self.max_tokens, self.logprobs)
+        if self.echo and self.logprobs is not None:  # the echoed prompt's tokens get theirs
+            params.prompt_logprobs = self.logprobs
+        return params

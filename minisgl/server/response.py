@@ -8,7 +8,9 @@ the first byte) cancels the serving task, so the scope exits early and sends Abo
 - Errors known before the first byte (refused prompt, tokenizer failure, dead backend)
   are a JSON error body with a real HTTP status, also for `stream: true`: the stream waits
   for the first output before it sends its headers.
-- An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`.
+- An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`
+  (on /v1/responses a `response.failed` event: the format decides, see formats.py and
+  responses_format.py).
 - Every send of output to the client runs inside `state.sending()`; the stall sweeper
   cancels a request whose send has blocked longer than `--client-stall-timeout` (the
   client reads nothing while output waits). The connection is then closed without a final
@@ -29,7 +31,7 @@ from starlette.responses import Response
 from minisgl.message import ErrorInfo, TokenInfo, TokenizeMsg
 
 from .errors import RequestFailed, error_code, json_response
-from .formats import SSE_DONE, ChatFormat, CompletionFormat
+from .formats import ChatFormat, CompletionFormat
 from .frontend import FrontendManager
 
 logger = logging.getLogger(__name__)
@@ -164,9 +166,7 @@ class StreamResponse(_CompletionResponse):
                 while True:
                     body = job.fmt.chunks(out)
                     if out.finished:
-                        if job.include_usage and out.error is None:
-                            body += job.fmt.usage_chunk(out)
-                        body += SSE_DONE
+                        body += job.fmt.closing(out, job.include_usage)
                     with states[0].sending():
                         more = not out.finished
                         await send({"type": "http.response.body", "body": body, "more_body": more})

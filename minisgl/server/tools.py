@@ -190,6 +190,7 @@ class ToolCallParser:
     parallel: bool = True
     forced: bool = False  # the grammar allows only calls: no text is ever content
     calls: list[dict[str, Any]] = field(default_factory=list)  # every call, whole so far
+    done: int = 0  # calls[:done] are complete (their block closed, or the choice ended)
     _held: str = ""  # text not yet sent: could start a block, or the open block's head
     _state: str = _TEXT
     _call: dict[str, Any] | None = None  # the call whose arguments are being read
@@ -228,6 +229,7 @@ class ToolCallParser:
                     self._held = self._held[_partial_suffix(self._held, TOOL_CALL_END) :]
                     break
                 self._held, self._state = self._held[end + len(TOOL_CALL_END) :], _TEXT
+                self.done = len(self.calls)
         return ("" if self.forced else "".join(content)), merge_deltas(deltas)
 
     # --8<-- [end:tool_parser]
@@ -249,6 +251,7 @@ class ToolCallParser:
             # (whitespace after the last call is the template's, and a cut-off start of
             # a block is markup)
             content = "" if truncated and rest.strip() else rest
+        self.done = len(self.calls)
         return ("" if self.forced else content), deltas
 
     def _read_head(self, content: list[str], deltas: list[dict[str, Any]]) -> bool:
@@ -274,6 +277,7 @@ class ToolCallParser:
             content.append(TOOL_CALL_START + body + TOOL_CALL_END)
         elif self.parallel or not self.calls:
             deltas += self._new_call(call["function"]["name"], call["function"]["arguments"])
+            self.done = len(self.calls)
         return True
 
     def _read_arguments(self) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 from client_envs import run_client
-from e2e_helpers import DEFAULT_SERVER
+from e2e_helpers import DEFAULT_MODEL_SERVER
 
-pytestmark = [pytest.mark.server(DEFAULT_SERVER), pytest.mark.slow]
+pytestmark = [pytest.mark.server(DEFAULT_MODEL_SERVER), pytest.mark.slow]
 
 
 def test_the_1x_openai_client_in_its_typical_use(server):

@@ -15,11 +15,11 @@ import json
 from typing import Literal
 
 import pytest
-from e2e_helpers import DEFAULT_SERVER
+from e2e_helpers import DEFAULT_MODEL_SERVER
 from pydantic import BaseModel, Field
 from test_default_model_server import WEATHER_TOOL  # get_weather(city, unit)
 
-pytestmark = pytest.mark.server(DEFAULT_SERVER)
+pytestmark = pytest.mark.server(DEFAULT_MODEL_SERVER)
 
 QUESTION = "What is the capital of France?"
 WEATHER_QUESTION = "What is the weather like in Paris today?"
