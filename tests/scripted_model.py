@@ -1,8 +1,8 @@
 """A tiny Llama that says a script: each token's successor is fixed, so greedy (and, with
 these logits, sampled) output is known token for token.
 
-How: the vocabulary is a few whole pieces of text (a word-level tokenizer whose decoder
-joins tokens as they are), one-hot embeddings (hidden size = vocabulary size), attention
+How: the vocabulary is a few whole pieces of text (a word-level tokenizer over byte-level
+pieces, so that grammar libraries read its token table as they read GPT-2's), one-hot embeddings (hidden size = vocabulary size), attention
 and MLP outputs zeroed, so the last hidden state is the last token's embedding; the LM head
 row of `succ[t]` is t's one-hot, scaled so that its logit wins by far. The model then
 continues any prompt from its last token along `SCRIPT`: the prompt `... assistant` gives
@@ -77,8 +77,15 @@ def make_scripted_checkpoint(out_dir: Path, template: str) -> Path:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from minisgl.tokenizer.tokenize import _bytes_to_unicode
+
     pieces = _vocab()
     ids = {p: i for i, p in enumerate(pieces)}
+    byte_char = _bytes_to_unicode()
+    vocab_of = {  # each piece in byte-level form: ByteLevel decoding gives the piece back
+        (p if p in SPECIALS + MARKERS else "".join(byte_char[b] for b in p.encode())): i
+        for p, i in ids.items()
+    }
     vocab = len(pieces)
     config = transformers.LlamaConfig(
         vocab_size=vocab,
@@ -109,9 +116,9 @@ def make_scripted_checkpoint(out_dir: Path, template: str) -> Path:
         model.lm_head.weight.copy_(head)
     model.save_pretrained(out_dir)
 
-    tok = Tokenizer(models.WordLevel(ids, unk_token="<unk>"))
+    tok = Tokenizer(models.WordLevel(vocab_of, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.Fuse()  # pieces joined as they are
+    tok.decoder = decoders.ByteLevel()  # the byte-level pieces back to text
     tok.add_special_tokens(SPECIALS)
     tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in MARKERS])
     fast = PreTrainedTokenizerFast(

@@ -205,7 +205,7 @@ class ChatFormat(_Format):
         self.reasoning_open = False  # the output starts inside the think block
         self._texts: dict[int, _ChoiceText] = {}  # per choice, while it streams
 
-    def _text(self, index: int) -> _ChoiceText:
+    def _choice_text(self, index: int) -> _ChoiceText:
         if index not in self._texts:
             parser = ReasoningParser(self.reasoning_open) if self.reasoning else None
             self._texts[index] = _ChoiceText(self.tools, parser)
@@ -214,19 +214,21 @@ class ChatFormat(_Format):
     def _parse(self, choice: ChoiceOutput) -> tuple[str, list[dict[str, Any]]]:
         """The content of the choice's new text and the calls it completed, whole (for a
         format that sends each call at once: responses_format.py)."""
-        parsed = self._text(choice.index)
+        parsed = self._choice_text(choice.index)
         _, content, _ = parsed.feed(choice.text, choice.finish_reason)
         return content, parsed.completed_calls()
 
     def _finish_reason(self, index: int, reason: str | None) -> str | None:
         if self.tools is None:
             return reason
-        return self.tools.finish_reason(reason, bool(self._text(index).calls))
+        return self.tools.finish_reason(reason, bool(self._choice_text(index).calls))
 
     def _delta(self, choice: ChoiceOutput, first: bool, output: Output) -> dict[str, Any] | None:
         self.reasoning_open = self.reasoning_open or output.reasoning_open
         delta: dict[str, Any] = {"role": "assistant"} if first else {}
-        reasoning, content, calls = self._text(choice.index).feed(choice.text, choice.finish_reason)
+        reasoning, content, calls = self._choice_text(choice.index).feed(
+            choice.text, choice.finish_reason
+        )
         if reasoning:
             delta["reasoning_content"] = reasoning
         if content:
@@ -252,7 +254,7 @@ class ChatFormat(_Format):
 
     def _choice(self, index: int, text: str, finish: str | None, logprobs) -> dict[str, Any]:
         self._texts.pop(index, None)
-        parsed = self._text(index)
+        parsed = self._choice_text(index)
         reasoning, content, _ = parsed.feed(text, finish or "stop")
         calls = parsed.calls
         # no text besides reasoning or calls (or none allowed besides calls): null content
