@@ -44,6 +44,9 @@ class UserReply(msgspec.Struct, tag=True):
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage)
     # on a choice's first reply, when asked (echo with logprobs): one per prompt token
     prompt_logprobs: list[TokenInfo] | None = None
+    # sent once, before any output, when the prompt ends inside an open `<think>` block:
+    # the output starts as reasoning (--reasoning-parser)
+    reasoning_open: bool = False
 
 
 # --8<-- [end:user_reply]

@@ -29,6 +29,13 @@ class TokenizeMsg(msgspec.Struct, tag=True):
     input_ids_packed: bytes | None = None  # a prompt given as token ids (codec.pack_ids)
     echo: bool = False  # the output starts with the prompt (completions' `echo`)
     tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions for the chat template
+    # how the chat template renders `messages` (vLLM's and SGLang's request fields)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last message stays open for the model
+    chat_template_kwargs: dict[str, Any] | None = None  # more template variables
+    # the --reasoning-parser of a chat request whose output may think: the worker tells
+    # the API server when the prompt leaves the model inside the think block
+    reasoning: str | None = None
 
 
 class AbortMsg(msgspec.Struct, tag=True):

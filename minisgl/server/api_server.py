@@ -6,10 +6,11 @@ or blocks the event loop. Every error is an OpenAI-style body
 `{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
 
 Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (the Responses
-API, translated to the chat path: responses.py, responses_format.py), GET /v1/models, GET /health,
-GET /metrics, GET /debug/lifecycle, GET /debug/requests (request timelines), GET /debug
-(the live page), POST /debug/flush_cache (admin: empties the prefix cache when idle). In
-front of them: X-Request-Id, the API key check and the request body limit (middleware.py).
+API, translated to the chat path: responses.py, responses_format.py), GET /v1/models, GET
+/v1/models/{id} (the model card, with `max_model_len`), GET /health, GET /metrics, GET
+/debug/lifecycle, GET /debug/requests (request timelines), GET /debug (the live page),
+POST /debug/flush_cache (admin: empties the prefix cache when idle). In front of them:
+X-Request-Id, the API key check and the request body limit (middleware.py).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ def _validation_error(exc: RequestValidationError) -> HttpError:
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return HttpError(400, f"the request body is not valid JSON: {first.get('msg')}")
+    if first.get("type") == "unsupported_content_part":  # names the part: messages[0].content[1]
+        where = f"{loc[0]}[{loc[1]}].content[{first['ctx']['j']}]" if len(loc) > 1 else "content"
+        message = str(first.get("msg")).split(": ", 1)[1]
+        return HttpError(400, f"{where}: {message}", code="invalid_value", param=where)
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, ParamError):  # a cross-field check: it names its parameter
         return HttpError(400, str(cause), code="invalid_value", param=cause.param)
@@ -98,10 +103,13 @@ def create_app(
     model_name: str,
     connect: Callable[[ServerMetrics], FrontendManager],
     on_start: Callable[[FrontendManager], None] | None = None,
+    max_model_len: int | None = None,
 ) -> FastAPI:
     """`connect` builds the FrontendManager inside the server's event loop; `on_start`
-    lets the launcher watch its worker processes."""
+    lets the launcher watch its worker processes; `max_model_len` (the context length the
+    scheduler serves) goes on the model card."""
     metrics = ServerMetrics()
+    created = int(time.time())  # the model card's: when this server started serving it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -164,10 +172,23 @@ def create_app(
         params = req.sampling_params()
         messages = [m.as_template_input() for m in req.messages]
         tools = req.template_tools()
+        # a constrained output (forced calls, JSON) is all answer: it has no think block
+        free = params.grammar is None and params.json_schema is None
+        reasoning = args.reasoning_parser if free else None
 
         def make_msg(uid: int) -> TokenizeMsg:
-            return TokenizeMsg(uid, params, messages=messages, tools=tools)
+            return TokenizeMsg(
+                uid,
+                params,
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=req.generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.template_kwargs(),
+                reasoning=reasoning,
+            )
 
+        fmt.reasoning = reasoning is not None  # its think block is read out of the answer
         return Job(
             make_msgs=[make_msg],
             fmt=fmt,
@@ -180,7 +201,9 @@ def create_app(
     async def v1_chat_completions(req: ChatCompletionRequest):
         if (refusal := unknown_model(req.model)) is not None:
             return refusal
-        fmt = ChatFormat(model_name, req.n, req.tool_calling())
+        fmt = ChatFormat(
+            model_name, req.n, req.tool_calling(), continuous_usage=req.continuous_usage
+        )
         return respond(req, chat_job(req, fmt))
 
     # --8<-- [end:chat_route]
@@ -218,26 +241,24 @@ def create_app(
         makers = [maker(p) for p in req.prompts()]
         job = Job(
             make_msgs=makers,
-            fmt=CompletionFormat(model_name, len(makers) * params.n),
+            fmt=CompletionFormat(model_name, len(makers) * params.n, req.continuous_usage),
             n=params.n,
             logprobs=req.logprobs is not None,
             include_usage=req.include_usage,
         )
         return respond(req, job)
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "minisgl"}
+    if max_model_len is not None:
+        card["max_model_len"] = max_model_len  # as vLLM's model card has it
+
     @app.get("/v1/models")
     async def v1_models():
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model_name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "minisgl",
-                }
-            ],
-        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")  # hub ids hold a slash: Qwen/Qwen3-0.6B
+    async def v1_model(model_id: str):
+        return unknown_model(model_id) or card
 
     @app.get("/health")
     async def health():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.scheduler.config import PREFIX_CACHES, SchedulerConfig, split_options
+from minisgl.tokenizer.tokenize import REASONING_STARTS_OPEN
 
 
 @dataclass
@@ -77,6 +78,9 @@ class ServerArgs:
     # ended requests whose timelines /debug/requests keeps (0: no timelines are recorded,
     # only the metrics' share of them); 256 covers minutes of a busy laptop's traffic
     debug_history: int = 256
+    # read a reasoning model's `<think>` block out of chat answers as reasoning_content
+    # (qwen3 or deepseek-r1: tokenizer/tokenize.py's REASONING_STARTS_OPEN); None: none
+    reasoning_parser: str | None = None
     shell: bool = False  # interactive chat in the terminal instead of an HTTP server
     prompt: str | None = None  # offline one-shot generation instead of a server
     max_tokens: int | None = None  # for --prompt and --shell; None: their own default
@@ -245,6 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--chat-template",
         help="a chat template (.jinja file, or a shipped one: smollm2-tools) instead of the "
         "model's own, for example to give a model tool calling",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=list(REASONING_STARTS_OPEN),
+        help="return a reasoning model's <think> block as message.reasoning_content "
+        "(streamed as delta.reasoning_content), never as content",
     )
     p.add_argument("--shell", action="store_true", help="interactive chat in the terminal")
     p.add_argument("--prompt", help="generate once for this prompt, streaming to the terminal")

@@ -37,6 +37,7 @@ class Output:
     finished: bool  # the request is over: every choice ended, or an error
     error: ErrorInfo | None
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    reasoning_open: bool = False  # the output starts inside a think block (reasoning.py)
 
     @property
     def text(self) -> str:
@@ -64,6 +65,7 @@ class Output:
             error is not None or all(o.finished for o in outputs),
             error,
             sum(o.cached_tokens for o in outputs),
+            any(o.reasoning_open for o in outputs),
         )
 
 
@@ -88,6 +90,7 @@ class ReplyBuffer:
     cached_tokens: int = 0
     finished: bool = False
     error: ErrorInfo | None = None
+    reasoning_open: bool = False
 
     def __post_init__(self) -> None:
         self.choices = [_ChoiceBuffer() for _ in range(self.n)]
@@ -114,6 +117,7 @@ class ReplyBuffer:
         choice.tokens = max(choice.tokens, reply.completion_tokens)
         self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)
         self.cached_tokens = max(self.cached_tokens, reply.cached_tokens)
+        self.reasoning_open = self.reasoning_open or reply.reasoning_open
         if reply.finish_reason is not None:
             choice.finish_reason = reply.finish_reason
         if reply.finished:
@@ -139,6 +143,7 @@ class ReplyBuffer:
             self.finished,
             self.error,
             self.cached_tokens,
+            self.reasoning_open,
         )
 
 

@@ -139,6 +139,7 @@ def _wait_ready(procs: dict[str, BaseProcess], pipes: dict[str, Connection]) -> 
                 if status != "ready":
                     raise WorkerStartError(info)
                 logger.info("%s ready %s", name, info or "")
+                procs[name].ready_info = info  # type: ignore[attr-defined]  # the model card's
                 del waiting[name]
 
 
@@ -333,6 +334,7 @@ def launch_server(args: ServerArgs) -> int:
                 served_model_name(args),
                 lambda metrics: connect_frontend(channels, args, metrics),
                 lambda frontend: supervisor.watch_workers(procs),
+                max_model_len=procs["scheduler"].ready_info.get("max_seq_len"),
             )
             config = uvicorn.Config(
                 app,

@@ -150,6 +150,7 @@ class FullResponse(_CompletionResponse):
                 out.prompt_tokens,
                 out.completion_tokens,
                 out.cached_tokens,
+                out.reasoning_open,
             )
             with states[0].sending():  # a client that never reads this body is a stall too
                 await self.send_response(send, json_response(200, body))

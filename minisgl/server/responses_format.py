@@ -65,6 +65,7 @@ class ResponsesFormat(ChatFormat):
 
     # ------------------------------------------------------------ the format interface
     def chunks(self, output: Output) -> bytes:
+        self.reasoning_open = self.reasoning_open or output.reasoning_open
         events: list[dict[str, Any]] = []
         if not self._opened:
             self._opened = True
@@ -90,7 +91,9 @@ class ResponsesFormat(ChatFormat):
         prompt_tokens: int,
         completion_tokens: int,
         cached_tokens: int = 0,
+        reasoning_open: bool = False,
     ) -> dict[str, Any]:
+        self.reasoning_open = reasoning_open  # (its reasoning is read out, not sent)
         choice = ChoiceOutput(0, texts[0], finish_reasons[0], [])
         self._feed(choice)
         out = Output([choice], prompt_tokens, completion_tokens, True, None, cached_tokens)

@@ -8,7 +8,9 @@ Contract (per uid):
   here (counted as `grammar_compiles`) while other requests go on, then goes to the
   scheduler with its compiled grammar, or is answered with an error naming the field
   (response_format or tools) that did not compile, was too large, crashed the compiler or
-  outran its time limit. Compiled grammars (and refusals) are cached by their text.
+  outran its time limit. Compiled grammars (and refusals) are cached by their text. A
+  prompt that leaves a reasoning model inside its `<think>` block is told to the API
+  server with a UserReply carrying `reasoning_open`, ahead of any output.
 - AbortMsg: drop the decode state (or the wait for a compile) and forward AbortBackendMsg
   (the reference forwarded the abort but kept the decode state, which then leaked).
 - DetokenizeMsg: new text for one choice of the uid, sent on as a UserReply; when a stop
@@ -66,6 +68,7 @@ from .tokenize import (
     build_prompt_ids,
     load_tokenizer,
     longest_token_bytes,
+    reasoning_open,
     token_bytes,
 )
 
@@ -240,7 +243,15 @@ class TokenizerWorker:
 
     def _build(self, msg: TokenizeMsg) -> list[int]:
         prompt = msg.messages if msg.messages is not None else msg.text or ""
-        return build_prompt_ids(self.tokenizer, prompt, msg.tools, self.escape_special)
+        return build_prompt_ids(
+            self.tokenizer,
+            prompt,
+            msg.tools,
+            msg.add_generation_prompt,
+            msg.continue_final_message,
+            msg.chat_template_kwargs,
+            escape_special=self.escape_special,
+        )
 
     @staticmethod
     def _cannot_tokenize(msg: TokenizeMsg, exc: Exception) -> ErrorInfo:
@@ -294,7 +305,7 @@ class TokenizerWorker:
         self._event(msg.uid, "tokenized", prompt_tokens=len(ids))
         job = self._compile_job(msg)
         if job is None:
-            return self._admit(msg, ids)
+            return self._admit(msg, ids, to_frontend)
         fields, items = job
         if (error := self._check_size(msg, fields, items)) is not None:
             return self._refuse(msg.uid, error, to_frontend)
@@ -309,9 +320,12 @@ class TokenizerWorker:
         self.compiler.submit(msg.uid, items)
         return []
 
-    def _admit(self, msg: TokenizeMsg, ids: list[int], grammar: str | None = None) -> list:
+    def _admit(
+        self, msg: TokenizeMsg, ids: list[int], to_frontend: list, grammar: str | None = None
+    ) -> list:
         """The request goes to the scheduler; its decode state is created here, with the
-        prompt, never by a first token."""
+        prompt, never by a first token. A prompt that leaves a reasoning model inside its
+        think block is told to the API server first."""
         params = msg.sampling_params
         echo = ""
         if msg.echo:
@@ -329,6 +343,8 @@ class TokenizerWorker:
             echo=echo,
             prompt_ids=ids if params.prompt_logprobs is not None else None,
         )
+        if msg.reasoning is not None and reasoning_open(self.tokenizer, ids, msg.reasoning):
+            to_frontend.append(UserReply(msg.uid, reasoning_open=True))
         return [UserMsg.make(msg.uid, ids, params, grammar)]
 
     def _refuse(self, uid: int, error: ErrorInfo, to_frontend: list[FrontendMsg]) -> list:
@@ -404,7 +420,7 @@ class TokenizerWorker:
         uid = waiting.msg.uid
         if error is None:
             self._event(uid, "compiled")
-            return self._admit(waiting.msg, waiting.ids, grammar)
+            return self._admit(waiting.msg, waiting.ids, to_frontend, grammar)
         param, where = waiting.fields[failed]
         if not where and not error.startswith("not a usable"):  # a crash or a time limit
             where = f"{param}: could not be compiled: "

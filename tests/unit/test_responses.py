@@ -86,7 +86,8 @@ def test_fields_map_onto_the_chat_request():
     ).chat
     params = chat.sampling_params()
     assert (params.max_tokens, params.temperature, params.top_p) == (7, 0.5, 0.9)
-    assert json.loads(params.json_schema) == schema
+    # (as every response_format schema: keys it does not list are forbidden)
+    assert json.loads(params.json_schema) == {**schema, "additionalProperties": False}
     named = request(tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}).chat
     assert named.tool_calling().choice == "get_weather"
     assert request(tools=[WEATHER], parallel_tool_calls=False).chat.tool_calling().parallel is False
