@@ -28,6 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import HTMLResponse, Response
 
+from minisgl.core import SamplingParams
 from minisgl.message import ErrorKind, TokenizeMsg, pack_ids
 
 from .args import ServerArgs
@@ -40,6 +41,7 @@ from .middleware import (
     BodyLimitMiddleware,
     RequestIdMiddleware,
     request_id_var,
+    tenant_var,
 )
 from .protocol import MESSAGE_ROLES, ChatCompletionRequest, CompletionRequest, ParamError
 from .response import FullResponse, Job, StreamResponse
@@ -161,6 +163,14 @@ def create_app(
         message = f"the model {model!r} does not exist; this server serves {model_name!r}"
         return HttpError(404, message, code="model_not_found", param="model").response()
 
+    def salted(params: SamplingParams) -> SamplingParams:
+        """--cache-salt-per-key: the API key the request came with joins its cache salt, so
+        tenants with different keys never share cached prefix pages."""
+        tenant = tenant_var.get()
+        if args.cache_salt_per_key and tenant is not None:
+            params.cache_salt = f"{tenant}:{params.cache_salt or ''}"
+        return params
+
     def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
         if req.user is not None:
             logger.info("request %s: user %r", request_id_var.get(), req.user)
@@ -169,7 +179,7 @@ def create_app(
     # --8<-- [start:chat_route]
     def chat_job(req: ChatCompletionRequest, fmt: ChatFormat) -> Job:
         """How a chat request is served, in the wire format `fmt` (chat, or responses)."""
-        params = req.sampling_params()
+        params = salted(req.sampling_params())
         messages = [m.as_template_input() for m in req.messages]
         tools = req.template_tools()
         # a constrained output (forced calls, JSON) is all answer: it has no think block
@@ -222,7 +232,7 @@ def create_app(
     async def v1_completions(req: CompletionRequest):
         if (refusal := unknown_model(req.model)) is not None:
             return refusal
-        params = req.sampling_params()
+        params = salted(req.sampling_params())
         limit = frontend().max_concurrent
         if len(req.prompts()) > limit:  # it could never be admitted: retrying cannot help
             message = (

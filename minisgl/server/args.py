@@ -29,7 +29,15 @@ class ServerArgs:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     host: str = "127.0.0.1"  # this machine only: serving the network is asked for with --host
     port: int = 1919  # the port the README's and the chapter's examples talk to
-    api_key: str | None = None  # no authentication; the command line reads $MINISGL_API_KEY
+    # no authentication; the command line reads $MINISGL_API_KEY. "A,B": several keys, one
+    # per tenant (see cache_salt_per_key)
+    api_key: str | None = None
+    # tenants (API keys) never share cached prefix pages: each request's cache salt has its
+    # key's digest in it, so one cannot learn from cached_tokens or timing what another sent
+    cache_salt_per_key: bool = False
+    # leave usage.prompt_tokens_details.cached_tokens out of every answer (what the prefix
+    # cache found tells a client whether anybody sent the same prefix before)
+    hide_cached_tokens: bool = False
     # replaces the model's chat template: a .jinja file, or the name of one minisgl ships
     # (smollm2-tools); None: the model's own
     chat_template: str | None = None
@@ -170,7 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key",
         default=os.environ.get("MINISGL_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINISGL_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINISGL_API_KEY); "
+        "KEY1,KEY2,...: several keys, one per tenant",
+    )
+    p.add_argument(
+        "--cache-salt-per-key",
+        action="store_true",
+        help="requests with different API keys never share cached prefix pages",
+    )
+    p.add_argument(
+        "--hide-cached-tokens",
+        action="store_true",
+        help="leave usage.prompt_tokens_details.cached_tokens out of answers",
     )
     p.add_argument(
         "--max-concurrent-requests",
@@ -283,7 +302,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     for name in positive:
         if getattr(ns, name) <= 0:
             build_parser().error(f"--{name.replace('_', '-')} must be positive")
-    if ns.api_key is not None and not ns.api_key.strip():
+    if ns.api_key is not None and not ns.api_key.replace(",", "").strip():
         # an empty key would turn authentication off without a word: refuse it instead
         source = "--api-key" if "--api-key" in (argv or sys.argv) else "$MINISGL_API_KEY"
         build_parser().error(

@@ -36,7 +36,8 @@ class Output:
     completion_tokens: int  # all choices together
     finished: bool  # the request is over: every choice ended, or an error
     error: ErrorInfo | None
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # prompt tokens served from the prefix cache; None: not told (--hide-cached-tokens)
+    cached_tokens: int | None = 0
     reasoning_open: bool = False  # the output starts inside a think block (reasoning.py)
 
     @property
@@ -64,7 +65,9 @@ class Output:
             sum(o.completion_tokens for o in outputs),
             error is not None or all(o.finished for o in outputs),
             error,
-            sum(o.cached_tokens for o in outputs),
+            None
+            if any(o.cached_tokens is None for o in outputs)
+            else sum(o.cached_tokens for o in outputs),
             any(o.reasoning_open for o in outputs),
         )
 
@@ -88,6 +91,9 @@ class ReplyBuffer:
     pending_bytes: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # False (--hide-cached-tokens): the prefix cache's hits are not told, so that a client
+    # cannot learn from them whether another sent the same prefix
+    report_cached: bool = True
     finished: bool = False
     error: ErrorInfo | None = None
     reasoning_open: bool = False
@@ -142,7 +148,7 @@ class ReplyBuffer:
             self.completion_tokens,
             self.finished,
             self.error,
-            self.cached_tokens,
+            self.cached_tokens if self.report_cached else None,
             self.reasoning_open,
         )
 

@@ -37,14 +37,18 @@ def sse(payload: dict[str, Any]) -> bytes:
     return b"data: " + _json.encode(payload) + b"\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    return {
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = 0
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        # as OpenAI reports it: prompt tokens whose computation was reused
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
+    if cached_tokens is not None:  # None: not told (--hide-cached-tokens)
+        # as OpenAI reports it: prompt tokens whose computation was reused
+        body["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return body
 
 
 class _Format:
@@ -118,7 +122,7 @@ class _Format:
         logprobs: list[list[TokenInfo]] | None,
         prompt_tokens: int,
         completion_tokens: int,
-        cached_tokens: int = 0,
+        cached_tokens: int | None = 0,
         reasoning_open: bool = False,
     ) -> dict[str, Any]:
         """The whole non-streaming response (`reasoning_open`: as Output has it)."""

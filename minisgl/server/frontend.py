@@ -105,6 +105,7 @@ class FrontendManager:
         recv: Callable[[], Awaitable[list[FrontendMsg]]],
         max_pending_bytes: int = 1 << 20,
         max_response_bytes: int = 16 << 20,
+        report_cached_tokens: bool = True,
         max_concurrent: int = 1 << 30,
         metrics: ServerMetrics | None = None,
         timelines: Timelines | None = None,
@@ -114,6 +115,7 @@ class FrontendManager:
         self._recv = recv
         self.max_pending_bytes = max_pending_bytes
         self.max_response_bytes = max_response_bytes  # a non-streamed answer, collected
+        self.report_cached_tokens = report_cached_tokens  # usage.prompt_tokens_details
         self.max_concurrent = max_concurrent
         self.metrics = metrics
         self.timelines = timelines
@@ -129,7 +131,8 @@ class FrontendManager:
 
     # ---------------------------------------------------------------- state
     def new_user(self, n: int = 1, event: asyncio.Event | None = None) -> RequestState:
-        state = RequestState(next(self.uid_counter), request_id_var.get(), ReplyBuffer(n))
+        buffer = ReplyBuffer(n, report_cached=self.report_cached_tokens)
+        state = RequestState(next(self.uid_counter), request_id_var.get(), buffer)
         if event is not None:
             state.event = event
         self.states[state.uid] = state

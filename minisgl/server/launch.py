@@ -295,6 +295,7 @@ def connect_frontend(
         inbox.get,
         max_pending_bytes=args.max_pending_bytes,
         max_response_bytes=args.max_response_bytes,
+        report_cached_tokens=not args.hide_cached_tokens,
         max_concurrent=args.max_concurrent_requests,
         metrics=metrics,
         timelines=Timelines(args.debug_history),

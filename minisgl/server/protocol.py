@@ -307,6 +307,8 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[TokenId] | None = None
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     response_format: ResponseFormat | None = None
+    # vLLM's: requests share cached prefix pages only when their salts are equal
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _check(self):
@@ -352,6 +354,7 @@ class _SamplingFields(_Strict):
             logprobs=logprobs,
             json_schema=self.response_format.schema_text() if self.response_format else None,
             grammar=grammar,
+            cache_salt=self.cache_salt,
         )
 
 

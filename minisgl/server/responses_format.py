@@ -90,7 +90,7 @@ class ResponsesFormat(ChatFormat):
         logprobs: list[list[TokenInfo]] | None,
         prompt_tokens: int,
         completion_tokens: int,
-        cached_tokens: int = 0,
+        cached_tokens: int | None = 0,
         reasoning_open: bool = False,
     ) -> dict[str, Any]:
         self.reasoning_open = reasoning_open  # (its reasoning is read out, not sent)
@@ -247,7 +247,7 @@ class ResponsesFormat(ChatFormat):
             body["usage"] = {
                 "input_tokens": output.prompt_tokens,
                 "input_tokens_details": {
-                    "cached_tokens": output.cached_tokens,
+                    "cached_tokens": output.cached_tokens or 0,  # None: not told
                     "cache_write_tokens": 0,
                 },
                 "output_tokens": output.completion_tokens,
