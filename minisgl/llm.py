@@ -4,14 +4,14 @@ Contract: `LLM(model, **options)` takes each option by the name of its field in
 `EngineConfig` (device, dtype, page_size, ...) or `SchedulerConfig` (max_prefill_tokens),
 and an option left out keeps that configuration's default; or give the configurations
 themselves, `LLM(engine_config=..., scheduler_config=...)` (options then override their
-fields). It runs the same engine and scheduler as the server, in this process, through the
-scheduler's message interface (UserMsg in, one DetokenizeMsg per step per sequence out,
-abort by uid). `generate` returns one `RequestOutput` per prompt, in order: text, token ids
-and finish reason (of each choice, when n > 1), the prompt logprobs when
-`SamplingParams(prompt_logprobs=k)` asks (`max_tokens=0` scores a prompt without
-generating), or an error message for a prompt the scheduler refused. `stream` yields text
-as it is produced; leaving it early aborts the requests still running, so nothing is left
-in the scheduler.
+fields). It runs the server's own stages in this process: the same `TokenizerWorker`
+(prompts, chat templates, tools, grammars, stop strings, detokenization, logprob texts) and
+the same scheduler and engine, wired by two lists instead of ZMQ. `generate` returns one
+`RequestOutput` per prompt, in order: text, token ids and finish reason (of each choice,
+when n > 1), the prompt logprobs when `SamplingParams(prompt_logprobs=k)` asks
+(`max_tokens=0` scores a prompt without generating), or an error message for a prompt that
+was refused. `stream` yields text as it is produced; leaving it early aborts the requests
+still running, so nothing is left in the worker or the scheduler.
 
 A constrained request (`SamplingParams.json_schema` or `grammar`) is compiled in a
 grammar-compile process (minisgl/grammar/pool.py, started on the first one), so a schema
@@ -30,8 +30,10 @@ rank that dies or stops ends every request in flight with an error within
 
 from __future__ import annotations
 
+import functools
 import gc
 import itertools
+import select
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -42,15 +44,18 @@ from minisgl.distributed import RanksFailed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.message import (
-    AbortBackendMsg,
-    BackendErrorMsg,
+    AbortMsg,
     DetokenizeMsg,
+    TokenizeMsg,
     TokenLogprob,
     UserMsg,
+    UserReply,
+    pack_ids,
 )
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.config import SchedulerConfig, split_options
-from minisgl.tokenizer import DetokenizeManager, build_prompt_ids, load_tokenizer
+from minisgl.tokenizer import load_tokenizer
+from minisgl.tokenizer.server import TokenizerWorker
 from minisgl.tokenizer.tokenize import Prompt
 
 
@@ -143,7 +148,22 @@ class LLM:
         self.scheduler = self._resources.scheduler = Scheduler(self.engine, scheduler_config)
         self.scheduler.rest_followers()  # until the first request, however long that is
         self.tokenizer = load_tokenizer(self.engine.model_dir)
-        self.grammar_compile_timeout = grammar_compile_timeout
+        # the server's own tokenizer worker, wired to this scheduler by two lists: what it
+        # sends the scheduler, and its replies (which become this object's outputs)
+        self._backend: list = []
+        self._replies: list[UserReply] = []
+        self.worker = TokenizerWorker(
+            self.tokenizer,
+            self._backend.extend,
+            self._replies.extend,
+            compiler=functools.partial(  # no reference to this object: it stays collectable
+                self._resources.compiler_for,
+                self.tokenizer,
+                self.engine.model_config.vocab_size,
+                grammar_compile_timeout,
+            ),
+            max_seq_len=self.engine.max_seq_len,
+        )
         self._uids = itertools.count()
 
     def close(self) -> None:
@@ -163,25 +183,6 @@ class LLM:
             why = self._resources.failure or "close() was called"
             raise RuntimeError(f"this LLM is closed ({why}); create a new one")
 
-    def _grammar(self, params: SamplingParams) -> str | None:
-        """The compiled grammar of `params`' constraint (None: free text), compiled in a
-        grammar-compile process; GrammarError when it cannot be."""
-        if params.json_schema is None and params.grammar is None:
-            return None
-        from minisgl.grammar import GrammarError, TokenTable
-        from minisgl.grammar.pool import GrammarCompiler
-
-        if self.tokenizer is None:
-            raise GrammarError("this model has no tokenizer, so its output cannot be constrained")
-        if self._resources.compiler is None:
-            table = TokenTable.of(self.tokenizer, self.engine.model_config.vocab_size)
-            self._resources.compiler = GrammarCompiler(
-                table, workers=1, timeout=self.grammar_compile_timeout
-            )
-        if params.json_schema is not None:
-            return self._resources.compiler.compile([("json_schema", params.json_schema)])
-        return self._resources.compiler.compile([("lark", params.grammar)])
-
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -198,35 +199,28 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> Iterator[StreamEvent]:
-        from minisgl.grammar import GrammarError
-
         self._check_open()
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
-        detok = DetokenizeManager(self.tokenizer) if self.tokenizer else None
+        if self.tokenizer is None and any(p.stop for p in params_list):
+            raise ValueError("stop strings need a tokenizer; this model has none")
         live: dict[int, tuple[int, RequestOutput]] = {}  # uid -> (prompt index, output)
         try:
             for index, (prompt, params) in enumerate(zip(prompt_list, params_list)):
-                if params.stop and detok is None:
-                    raise ValueError("stop strings need a tokenizer; this model has none")
                 uid = next(self._uids)
-                ids = build_prompt_ids(self.tokenizer, prompt)
-                outputs = [CompletionOutput(i) for i in range(params.n)]
-                try:
-                    grammar = self._grammar(params)
-                except GrammarError as e:
-                    field = "json_schema" if params.json_schema is not None else "grammar"
-                    output = RequestOutput(ids, outputs, error=f"{field}: {e}")
-                    yield StreamEvent(index, 0, "", output)
-                    continue
-                live[uid] = (index, RequestOutput(ids, outputs))
-                if detok:
-                    detok.add(uid, len(ids), params.n, params.stop, params.min_tokens)
-                msg = UserMsg.make(uid, ids, params, grammar)
-                for reply in self.scheduler.process_msg(msg):
-                    yield from self._apply([reply], live, detok)
+                live[uid] = (
+                    index,
+                    RequestOutput([], [CompletionOutput(i) for i in range(params.n)]),
+                )
+                self.worker.handle([_tokenize_msg(uid, prompt, params)])
+                yield from self._pump(live)
             while live:
-                yield from self._apply(self.scheduler.advance(), live, detok)
+                if self.scheduler.has_work:
+                    self._to_worker(self.scheduler.advance(), live)
+                else:  # only the tokenizer worker has work: a prompt or a grammar on its way
+                    select.select(self.worker.fds(), [], [], self.worker.wait_ms(50) / 1000)
+                    self.worker.handle([])
+                yield from self._pump(live)
         except RanksFailed as e:  # a rank died or stopped: every request in flight ends here
             if self._followers:
                 yield from self._fail(live, e)
@@ -234,9 +228,63 @@ class LLM:
             raise
         finally:
             if self._finalizer.alive:
-                for uid in live:  # the consumer left early: nothing stays in the scheduler
-                    self.scheduler.process_msg(AbortBackendMsg(uid))
+                # the consumer left early: nothing stays in the worker or the scheduler
+                self.worker.handle([AbortMsg(uid) for uid in live])
+                self.scheduler.process_msgs(self._backend_msgs())
+                self._replies.clear()
                 self.scheduler.rest_followers()
+
+    def _backend_msgs(self) -> list:
+        msgs, self._backend[:] = list(self._backend), []
+        return msgs
+
+    def _to_worker(self, replies: list, live) -> None:
+        """The scheduler's replies go to the tokenizer worker, as in the server; on the way,
+        each choice's token ids (which replies to the client do not carry) are kept."""
+        for reply in replies:
+            if isinstance(reply, DetokenizeMsg) and reply.uid in live:
+                output = live[reply.uid][1]
+                choice = output.outputs[reply.index]
+                if choice.finish_reason is None and reply.next_token is not None:
+                    choice.token_ids.append(reply.next_token)
+                    if reply.logprob is not None:
+                        choice.logprobs.append(reply.logprob)
+                if reply.prompt_logprobs is not None:
+                    output.prompt_logprobs = [None, *reply.prompt_logprobs]
+        self.worker.handle(replies)
+
+    def _pump(self, live) -> Iterator[StreamEvent]:
+        """Until nothing moves: the worker's messages to the scheduler go in (with the
+        scheduler's answers back to the worker), its replies become events."""
+        while self._backend or self._replies:
+            msgs = self._backend_msgs()
+            for msg in msgs:
+                if isinstance(msg, UserMsg) and msg.uid in live:
+                    live[msg.uid][1].prompt_token_ids = msg.input_ids
+            if msgs:
+                self._to_worker(self.scheduler.process_msgs(msgs), live)
+            replies, self._replies[:] = list(self._replies), []
+            for reply in replies:
+                yield from self._apply(reply, live)
+
+    def _apply(self, reply: UserReply, live) -> Iterator[StreamEvent]:
+        if reply.uid not in live:
+            return
+        index, output = live[reply.uid]
+        if reply.error is not None:
+            field = _OFFLINE_FIELDS.get(reply.error.field, reply.error.field)
+            output.error = f"{field}: {reply.error.message}" if field else reply.error.message
+            del live[reply.uid]
+            yield StreamEvent(index, 0, "", output)
+            return
+        choice = output.outputs[reply.index]
+        choice.text += reply.incremental_output
+        choice.finish_reason = reply.finish_reason or choice.finish_reason
+        output.cached_tokens = max(output.cached_tokens, reply.cached_tokens)
+        if reply.finished:
+            del live[reply.uid]
+        if reply.incremental_output or reply.finish_reason or reply.finished:
+            yield StreamEvent(index, reply.index, reply.incremental_output, output)
 
     def _fail(self, live, exc: RanksFailed) -> Iterator[StreamEvent]:
         message = (
@@ -250,40 +298,21 @@ class LLM:
             yield StreamEvent(index, 0, "", output)
         live.clear()
 
-    def _apply(self, replies, live, detok) -> Iterator[StreamEvent]:
-        tokens = [r for r in replies if isinstance(r, DetokenizeMsg)]
-        decoded_iter = iter(detok.feed(tokens) if detok else [None] * len(tokens))
-        for reply in replies:
-            is_token = isinstance(reply, DetokenizeMsg)
-            decoded = next(decoded_iter) if is_token else None  # in step with `tokens`
-            if reply.uid not in live:
-                continue  # its request ended earlier in this step
-            index, output = live[reply.uid]
-            if isinstance(reply, BackendErrorMsg):
-                output.error = reply.error.message
-                if detok:
-                    detok.remove(reply.uid)
-                del live[reply.uid]
-                yield StreamEvent(index, 0, "", output)
-                continue
-            choice = output.outputs[reply.index]
-            if choice.finish_reason is not None:
-                continue  # its stop string was already seen
-            if reply.next_token is not None:  # None: it ended with its prompt (max_tokens 0)
-                choice.token_ids.append(reply.next_token)
-            if reply.prompt_logprobs is not None:
-                output.prompt_logprobs = [None, *reply.prompt_logprobs]
-            output.cached_tokens = max(output.cached_tokens, reply.cached_tokens)
-            if reply.logprob is not None:
-                choice.logprobs.append(reply.logprob)
-            text = decoded.text if decoded else ""
-            choice.text += text
-            choice.finish_reason = decoded.finish_reason if decoded else reply.finish_reason
-            if decoded is not None and decoded.stop_hit:
-                self.scheduler.process_msg(AbortBackendMsg(reply.uid, reply.index))
-            if output.finished:
-                del live[reply.uid]
-            yield StreamEvent(index, reply.index, text, output)
+
+# the HTTP names of a refused field, as the offline API names them
+_OFFLINE_FIELDS = {"response_format": "json_schema", "tools": "grammar"}
+
+
+def _tokenize_msg(uid: int, prompt: Prompt, params: SamplingParams) -> TokenizeMsg:
+    if isinstance(prompt, str):
+        return TokenizeMsg(uid, params, text=prompt)
+    if prompt and all(isinstance(t, int) for t in prompt):
+        return TokenizeMsg(uid, params, input_ids_packed=pack_ids(list(prompt)))
+    if prompt and all(isinstance(m, dict) for m in prompt):
+        return TokenizeMsg(uid, params, messages=list(prompt))
+    if not prompt:
+        return TokenizeMsg(uid, params, input_ids_packed=pack_ids([]))
+    raise TypeError("a prompt is a string, a list of token ids or a list of chat messages")
 
 
 def _as_prompt_list(prompts) -> list[Prompt]:
@@ -315,6 +344,16 @@ class _Resources:
         self.followers: list = []
         self.compiler = None
         self.failure: str | None = None  # why the ranks failed, when they did
+
+    def compiler_for(self, tokenizer, vocab_size: int, timeout: float):
+        """The grammar compiler of an LLM's tokenizer worker, started on the first
+        constrained request (one compile process)."""
+        from minisgl.grammar import TokenTable
+        from minisgl.grammar.pool import GrammarCompiler
+
+        table = TokenTable.of(tokenizer, vocab_size) if tokenizer is not None else None
+        self.compiler = GrammarCompiler(table, workers=1, timeout=timeout)
+        return self.compiler
 
     def release(self) -> None:
         if self.compiler is not None:

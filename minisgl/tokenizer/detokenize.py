@@ -109,6 +109,8 @@ class DetokenizeManager:
         self.decode_map.pop(uid, None)
 
     def _decode(self, batch: list[list[int]]) -> list[str]:
+        if self.tokenizer is None:  # a model that takes token ids only: no text to show
+            return [""] * len(batch)
         # the Rust tokenizer's own batch decode: transformers' wrapper around it costs about
         # ten times as much per call, and this runs twice per step for every request
         backend = getattr(self.tokenizer, "backend_tokenizer", None)

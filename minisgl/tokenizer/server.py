@@ -129,7 +129,10 @@ class TokenizerWorker:
         self.send_frontend = send_frontend
         self.timeline = timeline  # record this worker's own timeline events
         self._batch = TimelineMsg([])  # events to pass on with the next send
-        self.compiler = compiler  # grammar/pool.py's GrammarCompiler; None: none here
+        # grammar/pool.py's GrammarCompiler, or a function that makes one when it is first
+        # needed (offline: no compile process until a request is constrained); None: none
+        self.compiler = None if callable(compiler) else compiler
+        self._make_compiler = compiler if callable(compiler) else None
         self.grammar_max_bytes = grammar_max_bytes
         self.escape_special = escape_special  # messages' text as plain text (no control tokens)
         self._compiling: dict[int, _Compiling] = {}  # uid -> request waiting for its grammar
@@ -313,6 +316,8 @@ class TokenizerWorker:
         if waiting.job in self._compiled:  # compiled before: no process needed
             self._compiled.move_to_end(waiting.job)
             return self._compile_done(waiting, *self._compiled[waiting.job], to_frontend)
+        if self.compiler is None and self._make_compiler is not None:
+            self.compiler = self._make_compiler()
         if self.compiler is None:
             error = ErrorInfo(ErrorKind.INTERNAL, "this server has no grammar compiler")
             return self._refuse(msg.uid, error, to_frontend)
@@ -384,7 +389,7 @@ class TokenizerWorker:
         for (param, where), (kind, text) in zip(fields, items):
             size = len(text.encode())
             what = "JSON schema" if kind == "json_schema" else "grammar of the tools"
-            prefix = where or param + ": "
+            prefix = where
             if size > limit:
                 message = (
                     f"{prefix}the {what} is {size} bytes; this server compiles at most "
@@ -397,7 +402,7 @@ class TokenizerWorker:
         if constraint is not None and n * len(constraint.encode()) > budget:
             param, where = fields[-1]
             message = (
-                f"{where or param + ': '}{n} choices each following {len(constraint.encode())} "
+                f"{where}{n} choices each following {len(constraint.encode())} "
                 f"bytes of constraint is more than this server follows at once ({budget} "
                 f"bytes of constraint times choices: {GRAMMAR_BUDGET_FACTOR} x "
                 "--grammar-max-bytes); ask for fewer choices (n) or a smaller schema"
@@ -423,7 +428,7 @@ class TokenizerWorker:
             return self._admit(waiting.msg, waiting.ids, to_frontend, grammar)
         param, where = waiting.fields[failed]
         if not where and not error.startswith("not a usable"):  # a crash or a time limit
-            where = f"{param}: could not be compiled: "
+            where = "could not be compiled: "  # (the field is the error's param)
         logger.info("uid %d: %s%s", uid, where, error)
         info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, where + error, param)
         return self._refuse(uid, info, to_frontend)
@@ -478,6 +483,8 @@ class TokenizerWorker:
 
     def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:
         """Each token's own text and bytes, for logprobs (one batched decode)."""
+        if self.tokenizer is None:  # token ids only: no text for them
+            return [""] * len(ids), [b""] * len(ids)
         texts = self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False)
         return texts, token_bytes(self.tokenizer, ids)
 

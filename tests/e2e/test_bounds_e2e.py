@@ -4,6 +4,8 @@ streamed is served); /debug/lifecycle is back at zero after each test (the fixtu
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from e2e_helpers import ServerSpec, assert_error_body, chat_url, sse_chunks, tokens_body
@@ -26,11 +28,26 @@ def test_a_whole_answer_past_the_response_cap_is_a_400_and_streaming_it_is_serve
     server.wait_zero(5.0)  # aborted when the cap was passed, not run to the end
     streamed = httpx.post(chat_url(server), json={**body, "stream": True}, timeout=120)
     assert streamed.status_code == 200
-    entries = [
-        len((c.get("logprobs") or {}).get("content") or [])
-        for chunk in sse_chunks(streamed.content)
-        for c in chunk.get("choices", [])
-    ]
-    assert sum(entries) == 600  # every token's logprob came through, streamed
+    content: dict[int, str] = {}
+    spelled: dict[int, bytes] = {}
+    entries: dict[int, int] = {}
+    finish: dict[int, str | None] = {}
+    for chunk in sse_chunks(streamed.content):
+        for c in chunk.get("choices", []):
+            i = c["index"]
+            content[i] = content.get(i, "") + (c["delta"].get("content") or "")
+            got = (c.get("logprobs") or {}).get("content") or []
+            spelled[i] = spelled.get(i, b"") + b"".join(bytes(e["bytes"]) for e in got)
+            entries[i] = entries.get(i, 0) + len(got)
+            finish[i] = c.get("finish_reason") or finish.get(i)
+    # both choices ran to their 300 tokens, and every token whose text is in the answer
+    # came with its logprob (a last token that never completes a character has neither)
+    assert finish == {0: "length", 1: "length"}
+    # (ignore_eos lets the model emit control tokens: their entries spell them, while the
+    # text skips them, as it skips every special token)
+    special = re.compile(rb"<\|[a-z_]+\|>")
+    spelled = {i: special.sub(b"", s).decode(errors="replace") for i, s in spelled.items()}
+    assert spelled == content
+    assert all(295 <= n <= 300 for n in entries.values()), entries
     small = httpx.post(chat_url(server), json=tokens_body(server, 5, logprobs=True), timeout=60)
     assert small.status_code == 200, small.text

@@ -158,7 +158,9 @@ def test_streamed_prompt_logprobs_equal_the_whole_answer(server, hf):
     want = whole.choices[0]
     assert text == want.text and tokens == want.logprobs.tokens
     assert logprobs == pytest.approx(want.logprobs.token_logprobs)
-    assert len(tokens) == len(tok.encode(PROMPTS[1])) + 4
+    # every prompt token, then the generated ones whose text came (the last tokens of a
+    # random model may be bytes of a character never completed: no text, no logprob)
+    assert len(tok.encode(PROMPTS[1])) < len(tokens) <= len(tok.encode(PROMPTS[1])) + 4
 
 
 def test_a_long_prompt_with_the_most_alternatives_is_not_a_slow_client(server, hf):

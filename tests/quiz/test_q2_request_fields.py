@@ -66,6 +66,7 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "ignore_eos": ({}, {"ignore_eos": True}),
     "stop_token_ids": ({}, {"stop_token_ids": [3]}),
     "repetition_penalty": ({}, {"repetition_penalty": 1.1}),
+    "cache_salt": ({}, {"cache_salt": "tenant-a"}),
     "logprobs": ({}, {"logprobs": True}),
     "top_logprobs": ({"logprobs": True}, {"logprobs": True, "top_logprobs": 2}),
     "response_format": ({}, {"response_format": {"type": "text"}}),
