@@ -39,6 +39,11 @@ class EngineConfig:
     cuda_graph: bool = True  # replay decode steps from CUDA graphs (CUDA + triton only)
     seed: int = 0  # seed of --dummy-weights
     tp_size: int = 1  # tensor parallelism: ranks (one process and device each) per model
+    # weights as the engine computes with them (minisgl.models.loader): "gguf" keeps a GGUF
+    # file's own quantized blocks (int4/int8 weight-only matmuls on the CPU), "none" the
+    # float weights, "int8" rounds float weights to int8 per channel at load. None: gguf for
+    # a model that comes from a GGUF file on the CPU, else none
+    quantization: str | None = None
 
     def resolve_device(self) -> torch.device:
         import torch
