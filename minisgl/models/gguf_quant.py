@@ -1,6 +1,6 @@
 """The GGUF's own quantized weights, as `GroupQuant` matrices (minisgl.models.quant).
 
-Contract: `iter_gguf_weights(gguf_path)` yields (Hugging Face name, weight) for every
+Contract: `iter_gguf_weights(gguf_path, num_heads, num_kv_heads)` yields (Hugging Face name, weight) for every
 tensor of a llama-architecture GGUF file, the names and llama.cpp's Q/K row permutation
 undone as in gguf.py; a weight is a `GroupQuant` for a quantized matrix and a float32
 tensor otherwise (norms, and matrices the file keeps in F32/F16/BF16). Types:
@@ -14,19 +14,20 @@ tensor otherwise (norms, and matrices the file keeps in F32/F16/BF16). Types:
 - anything else (Q2_K, Q3_K, the IQ and TQ types, ...) raises `UnsupportedGGUFType`,
   naming the tensor and its type; `--quantization none` dequantizes those.
 
-Everything is read from the memory-mapped file once and copied out, so the mapping can
-be dropped as soon as the weights are packed.
+Everything is read from the memory-mapped file once and copied out, so the mapping is
+dropped as soon as the weights are packed.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .gguf import build_config, hf_tensor_name, unpermute_qk
+from .gguf import hf_tensor_name, unpermute_qk
 from .quant import GroupQuant
 
 EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q8_0")
@@ -105,25 +106,31 @@ def _blocks_to_groups(kind: str, b: np.ndarray) -> tuple[np.ndarray, ...]:
 def gguf_tensor_weight(name: str, kind: str, data: np.ndarray, shape: tuple[int, ...]):
     """One GGUF tensor -> a GroupQuant (quantized matrix) or a float32 tensor.
 
-    `data` is the reader's array (rows of blocks for a quantized type), `shape` the
-    tensor's (out, in) shape, outermost first."""
-    from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
-
-    qtype = GGMLQuantizationType[kind]
+    `data` holds the tensor's bytes as uint8 rows (one per row of the weight), `shape` is
+    its (out, in) shape, outermost first."""
     if kind in FLOAT_TYPES:
-        return torch.from_numpy(np.array(dequantize(data, qtype), dtype=np.float32).reshape(shape))
+        if kind == "BF16":  # the upper half of a float32
+            floats = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        else:
+            floats = data.view(np.float32 if kind == "F32" else np.float16)
+        return torch.from_numpy(np.array(floats, dtype=np.float32).reshape(shape))
     if kind in REQUANTIZED_TYPES:
-        w = torch.from_numpy(np.array(dequantize(data, qtype), dtype=np.float32).reshape(shape))
-        return GroupQuant.from_float(w, bits=8)
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        w = dequantize(np.asarray(data), GGMLQuantizationType[kind]).reshape(shape)
+        return GroupQuant.from_float(torch.from_numpy(np.array(w, dtype=np.float32)), bits=8)
     if kind not in EXACT_TYPES:
         raise UnsupportedGGUFType(
             f"GGUF tensor {name} is {kind}, which --quantization gguf cannot compute with "
             f"(it reads {', '.join(EXACT_TYPES + REQUANTIZED_TYPES)}, and float tensors); "
             "--quantization none dequantizes it to float32 instead"
         )
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
     N, K = shape
-    blocks = np.ascontiguousarray(data).reshape(-1, _type_size(qtype))  # (nb, type_size)
+    type_size = GGML_QUANT_SIZES[GGMLQuantizationType[kind]][1]
+    blocks = np.ascontiguousarray(data).reshape(-1, type_size)  # (nb, type_size)
     codes, scale, offset, bits = _blocks_to_groups(kind, blocks)
     return GroupQuant(
         torch.from_numpy(np.ascontiguousarray(codes).reshape(N, K)),
@@ -133,35 +140,98 @@ def gguf_tensor_weight(name: str, kind: str, data: np.ndarray, shape: tuple[int,
     )
 
 
-def _type_size(qtype) -> int:
-    from gguf import GGML_QUANT_SIZES
-
-    return GGML_QUANT_SIZES[qtype][1]
-
-
 def _permuted(weight, n_head: int):
     """Undo llama.cpp's q/k row permutation on a float tensor or a GroupQuant."""
     rows = unpermute_qk(np.arange(weight.shape[0]).reshape(-1, 1), n_head).reshape(-1)
     return weight[torch.from_numpy(rows)]
 
 
-# --8<-- [start:iter_gguf_weights]
-def iter_gguf_weights(gguf_path: Path) -> Iterator[tuple[str, GroupQuant | torch.Tensor]]:
-    """(Hugging Face name, GroupQuant or float32 tensor) for every tensor of the file."""
-    from gguf import GGUFReader
+# GGUF metadata value types: fixed sizes in bytes (8: string, 9: array are variable)
+_VALUE_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
-    reader = GGUFReader(str(gguf_path))
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
-    config = build_config(reader, has_output_weight=has_output)
-    for t in reader.tensors:
-        name = hf_tensor_name(t.name)
-        shape = tuple(reversed(t.shape.tolist()))  # GGUF lists dims innermost first
-        weight = gguf_tensor_weight(t.name, t.tensor_type.name, t.data, shape)
+
+class _Cursor:
+    """Little-endian reads over the file's bytes (a memory map)."""
+
+    def __init__(self, buf) -> None:
+        self.buf, self.pos = buf, 0
+
+    def read(self, fmt: str):
+        values = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += struct.calcsize("<" + fmt)
+        return values[0] if len(values) == 1 else values
+
+    def string(self) -> str:
+        n = self.read("Q")
+        self.pos += n
+        return bytes(self.buf[self.pos - n : self.pos]).decode("utf-8")
+
+    def skip_value(self, vtype: int) -> None:
+        if vtype == 8:
+            n = self.read("Q")  # (not `pos += read()`: that adds to the old pos)
+            self.pos += n
+        elif vtype == 9:
+            etype, count = self.read("IQ")
+            if etype in _VALUE_SIZES:
+                self.pos += _VALUE_SIZES[etype] * count
+            else:
+                for _ in range(count):
+                    self.skip_value(etype)
+        else:
+            self.pos += _VALUE_SIZES[vtype]
+
+
+def read_tensor_infos(buf) -> tuple[list[tuple[str, int, tuple[int, ...], int]], int]:
+    """The tensor directory of a GGUF file (v2 or v3) in `buf`: [(name, ggml type id,
+    shape outermost first, byte offset in the data section)], and where that section
+    starts. Metadata is skipped, not parsed: the folder's config.json already holds it
+    (gguf's GGUFReader builds every tokenizer string as a numpy object, seconds here)."""
+    cur = _Cursor(buf)
+    magic, version, n_tensors, n_kv = cur.read("4sIQQ")
+    if magic != b"GGUF" or version < 2:
+        raise ValueError(f"not a GGUF file of version 2 or later (magic {magic!r}, v{version})")
+    alignment = 32
+    for _ in range(n_kv):
+        key = cur.string()
+        vtype = cur.read("I")
+        if key == "general.alignment" and vtype == 4:
+            alignment = cur.read("I")
+        else:
+            cur.skip_value(vtype)
+    infos = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        dims = cur.read(f"{cur.read('I')}Q")
+        dims = (dims,) if isinstance(dims, int) else dims
+        qtype, offset = cur.read("IQ")
+        infos.append((name, qtype, tuple(reversed(dims)), offset))
+    return infos, -(-cur.pos // alignment) * alignment
+
+
+# --8<-- [start:iter_gguf_weights]
+def iter_gguf_weights(
+    gguf_path: Path, num_heads: int, num_kv_heads: int
+) -> Iterator[tuple[str, GroupQuant | torch.Tensor]]:
+    """(Hugging Face name, GroupQuant or float32 tensor) for every tensor of the file;
+    the head counts undo llama.cpp's q/k row permutation."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    buf = np.memmap(gguf_path, dtype=np.uint8, mode="r")
+    infos, data_start = read_tensor_infos(buf)
+    for gguf_name, type_id, shape, offset in infos:
+        qtype = GGMLQuantizationType(type_id)
+        block, type_size = GGML_QUANT_SIZES[qtype]
+        row_bytes = shape[-1] // block * type_size
+        start = data_start + offset
+        rows = buf[start : start + row_bytes * int(np.prod(shape[:-1]))].reshape(-1, row_bytes)
+        name = hf_tensor_name(gguf_name)
+        weight = gguf_tensor_weight(gguf_name, qtype.name, rows, shape)
         if name.endswith("q_proj.weight"):
-            weight = _permuted(weight, config["num_attention_heads"])
+            weight = _permuted(weight, num_heads)
         elif name.endswith("k_proj.weight"):
-            weight = _permuted(weight, config["num_key_value_heads"])
+            weight = _permuted(weight, num_kv_heads)
         yield name, weight
+    del buf  # the mapping goes with the last view of it: nothing of the file stays mapped
 
 
 # --8<-- [end:iter_gguf_weights]

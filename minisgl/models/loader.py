@@ -19,6 +19,7 @@ Contract:
 
 from __future__ import annotations
 
+import ctypes
 from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
@@ -97,15 +98,28 @@ def load_model(
             raise ValueError("--dummy-weights has no GGUF blocks: use --quantization none or int8")
         from .gguf_quant import iter_gguf_weights
 
-        model = _load_gguf(config, tp, device, dtype, iter_gguf_weights(gguf_source(model_dir)))
+        weights = iter_gguf_weights(gguf_source(model_dir), config.num_heads, config.num_kv_heads)
+        model = _load_gguf(config, tp, device, dtype, weights)
+        release_freed_memory()  # the conversion's temporaries, hundreds of MB, to the OS
     else:
         model = _load_float(config, tp, device, dtype, model_dir, dummy_weights, seed)
         if quantization == "int8":
             _round_to_int8(model, dtype)
+            release_freed_memory()  # the float weights
     return model.eval()
 
 
 # --8<-- [end:load_model]
+
+
+def release_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc's malloc_trim). Loading allocates and
+    frees hundreds of MB of temporaries; glibc keeps freed memory in its heap, where it
+    would count as the process's memory (RSS) at rest. A no-op elsewhere."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _new_model(config: ModelConfig, tp: TPInfo) -> CausalLM:
@@ -155,7 +169,7 @@ def _load_gguf(
               if isinstance(m, Linear)}  # fmt: skip
     for name in shapes:
         model.set_submodule(name, nn.Identity())
-    model.model.embed_tokens = nn.Identity()
+    del emb.weight  # the embedding keeps its slice (rows, start) for _rank_slice
     model = _materialize(model, device, dtype)  # only the norms are left to allocate
 
     parts: dict[str, dict[int, GroupQuant | torch.Tensor]] = defaultdict(dict)
