@@ -208,7 +208,6 @@ def read_tensor_infos(buf) -> tuple[list[tuple[str, int, tuple[int, ...], int]],
     return infos, -(-cur.pos // alignment) * alignment
 
 
-# --8<-- [start:iter_gguf_weights]
 def iter_gguf_weights(
     gguf_path: Path, num_heads: int, num_kv_heads: int
 ) -> Iterator[tuple[str, GroupQuant | torch.Tensor]]:
@@ -232,6 +231,3 @@ def iter_gguf_weights(
             weight = _permuted(weight, num_kv_heads)
         yield name, weight
     del buf  # the mapping goes with the last view of it: nothing of the file stays mapped
-
-
-# --8<-- [end:iter_gguf_weights]

@@ -82,7 +82,6 @@ class QuantEmbedding(VocabEmbedding):
         return self.table.rows(ids).to(self.dtype)
 
 
-# --8<-- [start:load_model]
 def load_model(
     config: ModelConfig,
     tp: TPInfo,
@@ -107,9 +106,6 @@ def load_model(
             _round_to_int8(model, dtype)
             release_freed_memory()  # the float weights
     return model.eval()
-
-
-# --8<-- [end:load_model]
 
 
 def release_freed_memory() -> None:

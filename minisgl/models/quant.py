@@ -42,7 +42,6 @@ BLOCK_N = 64  # output rows are padded to a multiple of the CPU kernel's widest 
 _PACK_ROWS = 4096  # rows packed per call: bounds the int32 temporary the packer needs
 
 
-# --8<-- [start:group_quant]
 @dataclass
 class GroupQuant:
     """w[n, k] = scale[n, k // 32] * codes[n, k] + offset[n, k // 32]."""
@@ -52,7 +51,6 @@ class GroupQuant:
     offset: torch.Tensor  # (N, K // 32) float32
     bits: int  # 4 or 8
 
-    # --8<-- [end:group_quant]
     @property
     def shape(self) -> torch.Size:
         return self.codes.shape
