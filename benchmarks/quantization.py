@@ -4,8 +4,9 @@ path (`--quantization none`): memory at rest, perplexity, greedy answers, decode
 Each quantization is measured in a fresh process (memory figures of one process do not
 mix with another's):
 
-- memory: /proc/self/status after the imports and before the engine is built, then after
-  (`VmRSS`, and `RssAnon`, which leaves out the shared libraries' pages); the bytes of
+- memory (a process of its own): /proc/self/status once torch, transformers and the
+  tokenizer are loaded and before the engine is built, then after it (`VmRSS`, and
+  `RssAnon`, which leaves out the shared libraries' pages); the bytes of
   every weight tensor the model holds; the KV pool's size (allocated with torch.empty, so
   its pages count in RSS only once written); the GGUF file's size. The target: RSS
   added by the load <= 1.2 x the GGUF file + the KV pool.
@@ -114,53 +115,68 @@ def perplexity(engine, ids: list[int], chunk: int) -> float:
     return math.exp(nll / (len(ids) - 1))
 
 
-def child(args) -> dict:
+def memory(args) -> dict:
+    """RSS added by building the engine (weights, KV pool, step buffers), everything else
+    (torch, transformers, the tokenizer, torch's meta-tensor code) loaded before."""
     import torch
 
-    from minisgl import LLM, SamplingParams
-    from minisgl.models.default_model import find_default_gguf
+    from minisgl.engine.config import EngineConfig
+    from minisgl.engine.engine import Engine
+    from minisgl.models.default_model import default_model_dir, find_default_gguf
+    from minisgl.tokenizer.tokenize import load_tokenizer
 
     torch.set_num_threads(args.threads)
-    with torch.device("meta"):  # torch's meta-tensor code: imported before the baseline
+    load_tokenizer(default_model_dir())
+    with torch.device("meta"):
         torch.arange(2)
     before = _status()
     t0 = time.perf_counter()
-    llm = LLM(device="cpu", quantization=args.quantization, max_running_requests=4,
-              max_seq_len=1024)  # fmt: skip
+    engine = Engine(EngineConfig(device="cpu", quantization=args.quantization,
+                                 max_running_requests=4, max_seq_len=1024))  # fmt: skip
     load_s = time.perf_counter() - t0
     after = _status()
-    engine = llm.engine
     model = engine.model
     tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}
-    weight_bytes = sum(t.numel() * t.element_size() for t in tensors.values())
     rope = model.model.rotary
     table_bytes = sum(t.numel() * t.element_size() for t in (rope.cos, rope.sin))
-    kv_bytes = 2 * engine.pool.k.numel() * engine.pool.k.element_size()
-    record = {
+    return {
         "quantization": engine.quantization,
-        "threads": args.threads,
         "load_s": load_s,
         "rss_before": before,
         "rss_after": after,
-        "weight_bytes": weight_bytes - table_bytes,
+        "weight_bytes": sum(t.numel() * t.element_size() for t in tensors.values()) - table_bytes,
         "rope_table_bytes": table_bytes,
-        "kv_pool_bytes": kv_bytes,
+        "kv_pool_bytes": 2 * engine.pool.k.numel() * engine.pool.k.element_size(),
         "gguf_bytes": find_default_gguf().stat().st_size,
     }
+
+
+def quality(args) -> dict:
+    import torch
+
+    from minisgl import LLM, SamplingParams
+
+    torch.set_num_threads(args.threads)
+    llm = LLM(device="cpu", quantization=args.quantization, max_running_requests=4,
+              max_seq_len=1024)  # fmt: skip
+    record = {"threads": args.threads}
     ids = llm.tokenizer(TEXT).input_ids
     record["text_tokens"] = len(ids)
-    record["perplexity"] = {c: perplexity(engine, ids, c) for c in args.chunk}
+    record["perplexity"] = {c: perplexity(llm.engine, ids, c) for c in args.chunk}
     greedy = SamplingParams(max_tokens=32, temperature=0)
     record["answers"] = [o.text for o in llm.generate(PROMPTS, greedy)]
-    prompt = llm.tokenizer(TEXT).input_ids[:128]
     params = SamplingParams(max_tokens=64, ignore_eos=True)
     runs = []
     for _ in range(4):
         llm.scheduler.flush_cache()
-        stamps = [time.perf_counter() for _ in llm.stream([prompt], params)]
+        stamps = [time.perf_counter() for _ in llm.stream([ids[:128]], params)]
         runs.append((stamps[-1] - stamps[0]) / (len(stamps) - 1) * 1e3)
     record["decode_ms_per_token"] = min(runs[1:])
     return record
+
+
+def child(args) -> dict:
+    return memory(args) if args.child == "memory" else quality(args)
 
 
 def main(argv=None) -> int:
@@ -168,7 +184,7 @@ def main(argv=None) -> int:
     p.add_argument("--quantization", nargs="+", default=["gguf", "none"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--chunk", type=int, nargs="+", default=[64, 512])
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--child", choices=["memory", "quality"], help=argparse.SUPPRESS)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.child:
@@ -177,10 +193,13 @@ def main(argv=None) -> int:
         return 0
     records = []
     for q in args.quantization:
-        cmd = [sys.executable, __file__, "--child", "--quantization", q, "--threads",
-               str(args.threads), "--chunk", *map(str, args.chunk)]  # fmt: skip
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        records.append(json.loads(out.strip().splitlines()[-1]))
+        record = {}
+        for part in ("memory", "quality"):  # each in a fresh process
+            cmd = [sys.executable, __file__, "--child", part, "--quantization", q, "--threads",
+                   str(args.threads), "--chunk", *map(str, args.chunk)]  # fmt: skip
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+            record.update(json.loads(out.strip().splitlines()[-1]))
+        records.append(record)
     mb = 2**20
     for r in records:
         added = r["rss_after"]["VmRSS"] - r["rss_before"]["VmRSS"]

@@ -30,7 +30,6 @@ on PyPI (its vendored llama.cpp), outside this repository:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import shutil
 import signal
@@ -42,8 +41,8 @@ import time
 from pathlib import Path
 
 import httpx
+import online
 from common import wait_quiet, write_json
-from online import cpu_snapshot, cpu_use, make_prompts, run_load, summarize, usage_check
 
 BUILD_HINT = __doc__[__doc__.index("Build it from") : __doc__.index("    python benchmarks/")]
 
@@ -107,6 +106,9 @@ def measure(args, base_url: str, pgid: int, concurrency: int) -> dict:
     """online.py's workload at one concurrency against the server at `base_url`."""
     run = argparse.Namespace(
         base_url=base_url,
+        model=None,
+        launch=False,
+        server_pgid=pgid,
         concurrency=concurrency,
         num_requests=args.requests_per_stream * concurrency,
         request_rate=float("inf"),
@@ -116,16 +118,9 @@ def measure(args, base_url: str, pgid: int, concurrency: int) -> dict:
         timeout=args.timeout,
         api_key=None,
         no_progress=True,
+        quiet_limit=0.0,
     )
-    model = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"]
-    prompts = make_prompts(run.num_requests, run.input_len, run.seed)
-    check = usage_check(run, model, prompts[0])  # also a warm-up of the server
-    run.include_usage = check["stream_usage"]
-    before = cpu_snapshot(pgid)
-    results, duration = asyncio.run(run_load(run, model, prompts))
-    summary = summarize(run, model, results, duration, check)
-    summary["cpu"] = cpu_use(before, cpu_snapshot(pgid), duration)
-    return summary
+    return online.run(run)  # a usage check (also a warm-up), then the timed load
 
 
 def one_round(args, binary: str, gguf: Path, order: list[str]) -> dict[str, dict[int, dict]]:
