@@ -300,3 +300,10 @@ def test_the_embedded_model_serves_its_own_blocks_with_the_float_paths_greedy_to
         del llm
     assert "Paris" in got["gguf"].text
     assert got["gguf"].token_ids == got["none"].token_ids
+
+
+def test_a_gguf_model_path_that_does_not_exist_is_named(tmp_path):
+    from minisgl.models.source import resolve_model_dir
+
+    with pytest.raises(FileNotFoundError, match=r"missing\.gguf: no such GGUF file"):
+        resolve_model_dir(str(tmp_path / "missing.gguf"))
