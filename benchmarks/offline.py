@@ -356,6 +356,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument(
+        "--quantization",
+        default=None,
+        choices=["gguf", "none", "int8"],
+        help="our engine's weights (default: gguf for the embedded model on a CPU); "
+        "transformers always runs the float checkpoint",
+    )
+    p.add_argument(
         "--baseline",
         default="transformers",
         choices=["transformers", "transformers-cb", "none"],
@@ -403,12 +410,12 @@ def build_llm(args: argparse.Namespace) -> LLM:
         max_running_requests=args.max_running_requests, num_pages=args.num_pages,
         max_seq_len=args.max_seq_len or args.max_len + max(args.max_len, args.output_len or 0),
         attention_backend=args.attention_backend, max_prefill_tokens=args.max_prefill_tokens,
-        tp_size=args.tp_size,
+        tp_size=args.tp_size, quantization=args.quantization,
     )  # fmt: skip
     e = llm.engine
     print(
         f"model {e.model_dir.name} ({'random' if args.dummy_weights else 'real'} weights) on "
-        f"{e.device}, {str(e.dtype).removeprefix('torch.')}, "
+        f"{e.device}, {str(e.dtype).removeprefix('torch.')}, weights {e.quantization}, "
         f"attention {type(e.attn_backend).__name__}, {e.num_pages} KV pages of {e.page_size}"
         + (f", tensor parallel over {e.tp.size} ranks" if e.tp.size > 1 else "")
         + "; "
@@ -491,10 +498,11 @@ def main(argv=None) -> int:
     failures = sanity_failures(outputs, max_tokens)
 
     # Free our KV pool before transformers allocates its cache; keep only the weights.
-    if engine.tp.size == 1:
+    quantized = engine.quantization != "none"
+    if engine.tp.size == 1 and not quantized:
         weights = hf_state_dict(llm)
-    else:  # a rank holds a shard: transformers gets the whole checkpoint (real weights:
-        # random ones are refused unless transformers is left out)
+    else:  # a rank holds a shard, or quantized weights: transformers gets the float
+        # checkpoint (real weights: random ones are refused unless transformers is left out)
         weights = {}
         if not args.dummy_weights:
             weights = {name: t.to(dtype) for name, t in iter_checkpoint(model_dir)}
@@ -507,9 +515,12 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
 
     results, check, batch = [ours], None, None
-    want_check = args.check > 0 and dtype == torch.float32
+    want_check = args.check > 0 and dtype == torch.float32 and not quantized
     if args.check > 0 and not want_check:
-        print(f"--check skipped: greedy tokens are compared in float32 only (this run: {dtype})")
+        print(
+            "--check skipped: greedy tokens are compared with float32 weights only (this run: "
+            f"{dtype}, weights {'quantized' if quantized else 'float'}; --quantization none)"
+        )
     if args.baseline != "none" or want_check:
         hf = build_hf_model(model_dir, weights, dtype, device)
         del weights

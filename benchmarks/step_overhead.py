@@ -293,6 +293,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=4, help="untimed decode steps")
     p.add_argument("--steps", type=int, default=32, help="timed decode steps")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "int8"],
+        help="weights: float, or int8 weight-only (the quantized kernels; random weights "
+        "have no GGUF blocks)",
+    )
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.model is None and args.config is None:
@@ -319,6 +326,7 @@ def main(argv: list[str] | None = None) -> int:
                 device=args.device,
                 dtype=args.dtype,
                 dummy_weights=True,
+                quantization=args.quantization,
                 max_running_requests=max(args.batch_sizes),
                 max_seq_len=max_seq_len,
                 num_pages=num_pages,

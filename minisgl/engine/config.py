@@ -42,6 +42,11 @@ class EngineConfig:
     # seconds a collective waits for the other ranks before it fails: a rank that died or
     # stopped ends every request in flight with an error within this bound, not a hang
     dist_timeout: float = 60.0
+    # weights as the engine computes with them (minisgl.models.loader): "gguf" keeps a GGUF
+    # file's own quantized blocks (int4/int8 weight-only matmuls on the CPU), "none" the
+    # float weights, "int8" rounds float weights to int8 per channel at load. None: gguf for
+    # a model that comes from a GGUF file on the CPU, else none
+    quantization: str | None = None
 
     def resolve_device(self) -> torch.device:
         import torch

@@ -28,8 +28,8 @@ from minisgl.kvcache import KVCachePool
 from minisgl.message import TokenLogprob
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
+from minisgl.models.loader import load_model, resolve_quantization
 from minisgl.models.source import resolve_model_dir
-from minisgl.models.weight import init_dummy_weights, iter_checkpoint
 from minisgl.utils.process import available_ram
 
 from .config import EngineConfig
@@ -104,10 +104,11 @@ class Engine:
                 capture,
             )
         logger.info(
-            "engine ready: %s on %s (%s)%s, %d KV pages of %d tokens, max_seq_len %d",
+            "engine ready: %s on %s (%s, weights: %s)%s, %d KV pages of %d tokens, max_seq_len %d",
             self.model_dir.name,
             self.device,
             self.dtype,
+            self.quantization,
             f", rank {self.tp.rank} of {self.tp.size}" if self.tp.size > 1 else "",
             self.num_pages,
             self.page_size,
@@ -126,16 +127,20 @@ class Engine:
             )
 
     def _load_model(self) -> CausalLM:
-        with torch.device("meta"):
-            model = CausalLM(self.model_config, self.tp)
-        model = model.to(self.dtype).to_empty(device=self.device)
-        model.tie_weights()
-        model.model.rotary.build(self.device)
-        if self.config.dummy_weights:
-            init_dummy_weights(model, self.config.seed)
-        else:
-            model.load_weights(iter_checkpoint(self.model_dir, lazy=self.tp.size > 1))
-        return model.eval()
+        # "gguf": the GGUF's own quantized blocks; "none": float weights; "int8": rounded
+        self.quantization = resolve_quantization(
+            self.config.quantization, self.model_dir, self.device
+        )
+        return load_model(
+            self.model_config,
+            self.tp,
+            self.model_dir,
+            self.device,
+            self.dtype,
+            quantization=self.quantization,
+            dummy_weights=self.config.dummy_weights,
+            seed=self.config.seed,
+        )
 
     def _pages_from_memory(self) -> int:
         c = self.model_config

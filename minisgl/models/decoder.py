@@ -31,6 +31,7 @@ from minisgl.distributed import TPInfo, all_gather, all_reduce, kv_heads, shard
 
 from .config import ModelConfig
 from .layers import GatedMLP, Linear, RMSNorm, RotaryEmbedding, apply_rotary
+from .quant import exact_top_logits
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # a step's cos and signed sin rows, (T, 1, D) each
 
@@ -104,11 +105,16 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return F.embedding(input_ids, self.weight)
+            return self.lookup(input_ids)
         local = input_ids - self.start
         inside = (local >= 0) & (local < self.rows)
-        x = F.embedding(local.clamp(0, self.rows - 1), self.weight)
+        x = self.lookup(local.clamp(0, self.rows - 1))
         return all_reduce(x * inside[:, None].to(x.dtype), self.tp)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of this rank's slice: (T, hidden). A quantized model reads them out
+        of its packed weights instead (minisgl.models.loader.QuantEmbedding)."""
+        return F.embedding(ids, self.weight)
 
 
 class DecoderModel(nn.Module):
@@ -165,6 +171,8 @@ class CausalLM(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()  # (B, vocab rows of this rank)
+        if hasattr(self.lm_head, "rows"):  # quantized (models/quant.py): an exact top
+            logits = exact_top_logits(self.lm_head, hidden, logits)
         if self.tp.size == 1:
             return logits
         return all_gather(logits, self.tp)[:, : self.config.vocab_size]  # (B, vocab)

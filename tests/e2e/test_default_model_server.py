@@ -60,6 +60,11 @@ def test_chapter_request_greedy_text_is_whole_characters(server):
     assert streamed == text
 
 
+def test_the_default_model_is_served_from_its_own_gguf_blocks(server):
+    """`make run` (no flags) computes with the GGUF's quantized weights, not a float copy."""
+    assert "weights: gguf" in server.log()
+
+
 def test_capital_of_france_is_paris_via_the_openai_client(server, client):
     resp = client.chat.completions.create(
         model=server.model_name,

@@ -3,7 +3,8 @@
 The benchmarks need a server and minutes; these tests check, in milliseconds, what their
 figures rest on: the bare baseline sends exactly the bytes minisgl's StreamResponse sends,
 the client's byte counting survives any cut of the stream, the workload and percentiles
-are what the docs say, and a py-spy profile is summed up correctly.
+are what the docs say, a py-spy profile is summed up correctly, and vs_llamacpp.py skips
+without a llama-server (saying how to build one) and takes medians and ratios per round.
 """
 
 from __future__ import annotations
@@ -130,3 +131,32 @@ def test_step_overhead_phases_add_up(tmp_path, overlap):
             measured = sum(step[p] for p in step_overhead.PHASES if p != "other")
             assert 0 < measured <= step["wall"] * (1 + 1e-9), step
             assert step["forward"] > 0 and step["schedule"] > 0 and step["post"] > 0
+
+
+def test_vs_llamacpp_without_a_binary_says_how_to_build_one_and_skips(capsys, tmp_path):
+    import vs_llamacpp
+
+    assert vs_llamacpp.main(["--llama-server", str(tmp_path / "llama-server")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("skipped: no llama-server binary")
+    assert "pip download --no-deps --no-binary :all: llama-cpp-python" in out
+    assert "-DLLAMA_BUILD_SERVER=ON" in out
+
+
+def test_vs_llamacpp_table_takes_medians_and_ratios_per_round():
+    import vs_llamacpp
+
+    def summary(tok_s, ttft, itl):
+        return {"output_tokens_per_s": tok_s, "ttft_ms": {"p50": ttft},
+                "itl_ms": {"p50": itl, "mean": itl}}  # fmt: skip
+
+    rounds = [
+        {"minisgl": {1: summary(100, 50, 10)}, "llama.cpp": {1: summary(50, 25, 20)}},
+        {"minisgl": {1: summary(90, 60, 12)}, "llama.cpp": {1: summary(60, 30, 12)}},
+        {"minisgl": {1: summary(80, 40, 8)}, "llama.cpp": {1: summary(40, 40, 16)}},
+    ]
+    rows = {r["metric"]: r for r in vs_llamacpp.table(rounds, [1])}
+    tok = rows["output tok/s"]
+    assert (tok["minisgl"], tok["llama.cpp"]) == (90, 50)
+    assert tok["ratios"] == [2.0, 1.5, 2.0] and tok["ratio"] == 2.0
+    assert rows["ITL p50 (ms)"]["ratio"] == 0.5 and not rows["ITL p50 (ms)"]["higher_is_better"]

@@ -1,0 +1,253 @@
+"""minisgl against llama.cpp's `llama-server` on the same GGUF file, side by side.
+
+Both servers run on this machine one at a time (never together), each on a free port, and
+the same client (online.py's: streaming chat completions over httpx, random common-word
+prompts of about `--input-len` tokens, `max_tokens = --output-len` with `ignore_eos`,
+greedy) sends the same workload at each `--concurrency` (default 1 and 16). Per round the
+two servers alternate (minisgl first in odd rounds, llama.cpp first in even ones), and the
+table gives each figure's median over `--rounds` with the ratio minisgl / llama.cpp:
+output tokens/s (higher is better), TTFT and inter-token latency p50 (lower is better).
+
+The GGUF is the embedded default model's unless `--gguf PATH` names another one (minisgl
+then serves it with `--model PATH`); minisgl runs as `make run` starts it (its default
+`--quantization gguf`) plus any `--minisgl-arg`. llama-server runs with `-t --threads`
+(default: every core), `-np` = the highest concurrency (one slot per stream) and a
+context of that many times the request length.
+
+`llama-server` comes from PATH or `--llama-server PATH`. Without one the script says how
+to build it and exits 0 (skipped). Build it from the llama-cpp-python source distribution
+on PyPI (its vendored llama.cpp), outside this repository:
+
+    pip download --no-deps --no-binary :all: llama-cpp-python -d /tmp/llama
+    cd /tmp/llama && tar xzf llama_cpp_python-*.tar.gz
+    cd llama_cpp_python-*/vendor/llama.cpp
+    cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF
+    cmake --build build --target llama-server -j2     # build/bin/llama-server
+
+    python benchmarks/vs_llamacpp.py --llama-server /tmp/llama/.../build/bin/llama-server
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import online
+from common import wait_quiet, write_json
+
+BUILD_HINT = __doc__[__doc__.index("Build it from") : __doc__.index("    python benchmarks/")]
+
+
+def find_llama_server(path: str | None) -> str | None:
+    if path:
+        return path if os.access(path, os.X_OK) else None
+    return shutil.which("llama-server")
+
+
+class LlamaServer:
+    """`llama-server` on a free port, in its own process group, its log in a temp file."""
+
+    def __init__(self, binary: str, gguf: Path, threads: int, slots: int, ctx: int) -> None:
+        from minisgl.utils.process import free_port
+
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log = tempfile.NamedTemporaryFile("w", prefix="llama-server-", suffix=".log")
+        self.cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
+                    "-t", str(threads), "-np", str(slots), "-c", str(ctx), "--jinja"]  # fmt: skip
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"llama-server exited: {Path(self.log.name).read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"llama-server not healthy after {timeout} s")
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.log.close()
+
+
+def start_minisgl(args):
+    from minisgl.testing.server import RunningServer
+
+    model = str(args.gguf) if args.gguf else None
+    extra = ["--log-level", "warning", *args.minisgl_arg]
+    env = {"OMP_NUM_THREADS": str(args.minisgl_threads)} if args.minisgl_threads else None
+    server = RunningServer(model, *extra, env=env, device="cpu", wait=False)
+    server.wait_healthy(args.launch_timeout)
+    return server
+
+
+def measure(args, base_url: str, pgid: int, concurrency: int) -> dict:
+    """online.py's workload at one concurrency against the server at `base_url`."""
+    run = argparse.Namespace(
+        base_url=base_url,
+        model=None,
+        launch=False,
+        server_pgid=pgid,
+        concurrency=concurrency,
+        num_requests=args.requests_per_stream * concurrency,
+        request_rate=float("inf"),
+        input_len=args.input_len,
+        output_len=args.output_len,
+        seed=args.seed,
+        timeout=args.timeout,
+        api_key=None,
+        no_progress=True,
+        quiet_limit=0.0,
+    )
+    return online.run(run)  # a usage check (also a warm-up), then the timed load
+
+
+def one_round(args, binary: str, gguf: Path, order: list[str]) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = {}
+    top = max(args.concurrency)
+    for name in order:
+        if args.quiet_limit > 0:
+            wait_quiet(args.quiet_limit, args.quiet_timeout)
+        if name == "minisgl":
+            server = start_minisgl(args)
+            stop = lambda s=server: s.stop(signal.SIGINT)  # noqa: E731
+        else:
+            ctx = top * (args.input_len + args.output_len + 128)
+            server = LlamaServer(binary, gguf, args.threads, top, ctx)
+            server.wait_healthy(args.launch_timeout)
+            stop = server.stop
+        try:
+            out[name] = {c: measure(args, server.base_url, server.proc.pid, c)
+                         for c in args.concurrency}  # fmt: skip
+        finally:
+            stop()
+        for c, s in out[name].items():
+            print(
+                f"  {name:9s} c={c:<3d} {s['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
+                f"{s['ttft_ms']['p50']:8.1f} ms  ITL p50 {s['itl_ms']['p50']:6.1f} ms  "
+                f"(failed {s['requests_failed']}, others {s['cpu']['others_cores']:.2f} cores)",
+                file=sys.stderr,
+            )
+    return out
+
+
+METRICS = [  # (label, how to read it from a summary, higher is better)
+    ("output tok/s", lambda s: s["output_tokens_per_s"], True),
+    ("TTFT p50 (ms)", lambda s: s["ttft_ms"]["p50"], False),
+    ("ITL p50 (ms)", lambda s: s["itl_ms"]["p50"], False),
+    ("ITL mean (ms)", lambda s: s["itl_ms"]["mean"], False),
+]
+
+
+def table(rounds: list[dict], concurrency: list[int]) -> list[dict]:
+    rows = []
+    for c in concurrency:
+        for label, get, higher in METRICS:
+            ours = statistics.median(get(r["minisgl"][c]) for r in rounds)
+            theirs = statistics.median(get(r["llama.cpp"][c]) for r in rounds)
+            ratios = [get(r["minisgl"][c]) / get(r["llama.cpp"][c]) for r in rounds]
+            rows.append(
+                {
+                    "concurrency": c,
+                    "metric": label,
+                    "minisgl": ours,
+                    "llama.cpp": theirs,
+                    "ratio": statistics.median(ratios),
+                    "ratios": ratios,
+                    "higher_is_better": higher,
+                }  # fmt: skip
+            )
+    return rows
+
+
+def print_table(rows: list[dict], n_rounds: int) -> None:
+    print(f"\nmedians over {n_rounds} round(s); ratio = minisgl / llama.cpp (median of rounds)")
+    print("| streams | metric | minisgl | llama.cpp | ratio |\n|---:|---|---:|---:|---:|")
+    for r in rows:
+        better = "higher is better" if r["higher_is_better"] else "lower is better"
+        print(
+            f"| {r['concurrency']} | {r['metric']} | {r['minisgl']:.1f} | {r['llama.cpp']:.1f} "
+            f"| {r['ratio']:.2f} ({better}) |"
+        )
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument("--llama-server", default=None, help="the binary (default: from PATH)")
+    p.add_argument("--gguf", type=Path, default=None, help="default: the embedded model's")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    p.add_argument(
+        "--requests-per-stream", type=int, default=2, help="requests = this x concurrency"
+    )
+    p.add_argument("--input-len", type=int, default=128, help="prompt words (~tokens)")
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3, help="both servers once per round")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama-server -t")
+    p.add_argument("--minisgl-threads", type=int, default=None,
+                   help="OMP_NUM_THREADS for minisgl (default: its own choice)")  # fmt: skip
+    p.add_argument("--minisgl-arg", action="append", default=[], metavar="ARG",
+                   help="extra minisgl flag (repeatable)")  # fmt: skip
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600.0)
+    p.add_argument("--launch-timeout", type=float, default=600.0)
+    p.add_argument("--quiet-limit", type=float, default=0.0,
+                   help="before each server, wait until others use under this %% of a core")  # fmt: skip
+    p.add_argument("--quiet-timeout", type=float, default=120.0)
+    p.add_argument("--json", default=None, metavar="PATH")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    binary = find_llama_server(args.llama_server)
+    if binary is None:
+        where = args.llama_server or "PATH"
+        print(f"skipped: no llama-server binary ({where}). {BUILD_HINT}")
+        return 0
+    if args.gguf is None:
+        from minisgl.models.default_model import find_default_gguf
+
+        gguf = find_default_gguf()
+    else:
+        gguf = args.gguf.resolve()
+    print(f"{gguf.name}: minisgl against {binary}", file=sys.stderr)
+    rounds = []
+    for i in range(args.rounds):
+        order = ["minisgl", "llama.cpp"] if i % 2 == 0 else ["llama.cpp", "minisgl"]
+        print(f"round {i + 1}/{args.rounds}: {' then '.join(order)}", file=sys.stderr)
+        rounds.append(one_round(args, binary, gguf, order))
+    rows = table(rounds, args.concurrency)
+    print_table(rows, len(rounds))
+    if args.json:
+        record = {"args": {k: str(v) for k, v in vars(args).items()}, "gguf": str(gguf),
+                  "llama_server": binary, "rows": rows, "rounds": rounds}  # fmt: skip
+        write_json(args.json, record)
+    failed = sum(s["requests_failed"] for r in rounds for srv in r.values() for s in srv.values())
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
