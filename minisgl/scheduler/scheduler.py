@@ -113,6 +113,8 @@ class Scheduler:
         self.num_preemptions = 0  # requests evicted for recompute since start
         overlap = self.config.overlap_schedule
         self.overlap = engine.device.type == "cuda" if overlap is None else overlap
+        if self.overlap:  # the engine's start-up self-check may fall back to synchronous steps
+            self.overlap = engine.check_overlap()
         self._in_flight: _Launched | None = None  # launched, results not read yet
 
     # ------------------------------------------------------------------ messages

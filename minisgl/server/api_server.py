@@ -95,10 +95,13 @@ def create_app(
     model_name: str,
     connect: Callable[[ServerMetrics], FrontendManager],
     on_start: Callable[[FrontendManager], None] | None = None,
+    degraded: dict[str, str] | None = None,
 ) -> FastAPI:
     """`connect` builds the FrontendManager inside the server's event loop; `on_start`
-    lets the launcher watch its worker processes."""
+    lets the launcher watch its worker processes; `degraded` names each part of the CUDA
+    fast path the engine's start-up self-check fell back from, with the reason."""
     metrics = ServerMetrics()
+    metrics.set_fallbacks(degraded or {})
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -231,6 +234,8 @@ def create_app(
                 return to_http(refused.error).response()
         if (silent := frontend().silent_worker()) is not None:  # frozen, not dead
             return to_http(silent).response()
+        if degraded:  # serving, on a slower path: what the engine fell back from, and why
+            return {"status": "ok", "degraded": degraded}
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -138,6 +138,7 @@ def _wait_ready(procs: dict[str, BaseProcess], pipes: dict[str, Connection]) -> 
                 if status != "ready":
                     raise WorkerStartError(info)
                 logger.info("%s ready %s", name, info or "")
+                procs[name].ready_info = info or {}  # type: ignore[attr-defined]  # read by serve
                 del waiting[name]
 
 
@@ -295,11 +296,14 @@ def launch_server(args: ServerArgs) -> int:
     try:
         with running_workers(args) as (channels, procs):
             supervisor: Supervisor | None = None
+            # the parts of the CUDA fast path the engine's self-check fell back from
+            degraded = procs["scheduler"].ready_info.get("degraded") or {}
             app = create_app(
                 args,
                 served_model_name(args),
                 lambda metrics: connect_frontend(channels, args, metrics),
                 lambda frontend: supervisor.watch_workers(procs),
+                degraded=degraded,
             )
             config = uvicorn.Config(
                 app,
@@ -314,7 +318,14 @@ def launch_server(args: ServerArgs) -> int:
             )
             server = _Server(config)
             supervisor = server.supervisor = Supervisor(server, app, args.shutdown_timeout)
-            logger.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
+            fell_back = f" (degraded: fell back from {', '.join(degraded)})" if degraded else ""
+            logger.info(
+                "serving %s on http://%s:%d%s",
+                served_model_name(args),
+                args.host,
+                args.port,
+                fell_back,
+            )
             server.run()
             return supervisor.exit_code
     except WorkerStartError as exc:
