@@ -131,18 +131,20 @@ def check_attention(
     *,
     decode_batches: tuple[int, ...] = (1, 7),
     max_len: int = 2048,
+    max_tokens: int = 32768,
     seed: int = 0,
     layer: int = 0,
 ) -> list[CheckResult]:
-    """`backend` against the reference on its own pool: store, decode, prefill results."""
+    """`backend` against the reference on its own pool: decode, prefill and store results.
+    Decode requests have up to `max_len` tokens, and a step at most `max_tokens` in all."""
     pool = backend.pool
     ps, dtype, device = pool.page_size, pool.k.dtype, pool.k.device
     H, Hkv, D = backend.num_heads, pool.k.shape[2], backend.head_dim
-    steps = _steps(decode_batches, max_len, ps, pool.num_pages, seed)
+    steps = _steps(decode_batches, max_len, max_tokens, ps, pool.num_pages, seed)
     max_len = max(c + n for _, reqs in steps for c, n in reqs)
     dtype_name = str(dtype).removeprefix("torch.")
     shape = dict(dtype=dtype_name, num_heads=H, num_kv_heads=Hkv, head_dim=D, page_size=ps)
-    what = f"{dtype_name}, {H} heads, {Hkv} KV heads, head dim {D}, page {ps}"
+    what = f"{dtype_name}, heads {H}/{Hkv} (query/KV), head dim {D}, page {ps}"
     details = {  # the store last: it runs inside the others
         "decode": f"{what}, batch {'/'.join(map(str, decode_batches))}, up to {max_len} tokens",
         "prefill": f"{what}, {len(steps[-1][1])} requests with cached prefixes",
@@ -198,18 +200,21 @@ def check_attention(
         else:
             passed = errors[kind] <= kind_tol  # NaN fails
             result = CheckResult(f"{name} {kind}", name, passed, errors[kind], kind_tol, detail)
-        result.seconds, result.shape = seconds[kind], shape
+        result.seconds, result.shape = seconds[kind], dict(shape)
+        if kind == "decode":
+            result.shape.update(batch_sizes=list(decode_batches), max_len=max_len)
         results.append(result)
     return results
 
 
-def _steps(decode_batches, max_len: int, ps: int, num_pages: int, seed: int):
+def _steps(decode_batches, max_len: int, max_tokens: int, ps: int, num_pages: int, seed: int):
     """The steps checked, as (kind, [(cached, new)...]); lengths halved until every step
     fits in the pool's pages."""
     while True:
         steps = [
-            ("decode", [(n - 1, 1) for n in decode_lengths(b, max_len, ps, seed + b)])
+            ("decode", [(n - 1, 1) for n in decode_lengths(b, limit, ps, seed + b)])
             for b in decode_batches
+            if (limit := max(2, min(max_len, max_tokens // b)))
         ]
         steps.append(("prefill", mixed_layout(max_len, ps)))
         pages = max(sum(-(-(c + n) // ps) for c, n in reqs) for _, reqs in steps)

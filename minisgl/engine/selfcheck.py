@@ -87,7 +87,7 @@ class SelfCheck:
                 engine.capture_graphs()
             except Exception as exc:
                 engine.graph_runner = None
-                capture = _raised("cuda_graph capture", "cuda_graph", exc)
+                capture = exception_result("cuda_graph capture", "cuda_graph", exc)
                 self._record([capture], "eager decode steps (no CUDA graphs)")
             else:
                 results = check_graphs(engine)
@@ -181,7 +181,7 @@ class SelfCheck:
 
 
 # ---------------------------------------------------------------------------- the checks
-def _raised(name: str, part: str, exc: BaseException, seconds: float = 0.0) -> CheckResult:
+def exception_result(name: str, part: str, exc: BaseException, seconds: float = 0.0) -> CheckResult:
     detail = f"{type(exc).__name__}: {first_line(exc)}"
     return CheckResult(name, part, False, detail=detail, seconds=seconds)
 
@@ -252,7 +252,7 @@ def check_graphs(engine: Engine) -> list[CheckResult]:
             scale = max(1.0, expected.abs().max().item())
             err = (got - expected).abs().max().item() / scale
         except Exception as exc:
-            results.append(_raised(name, "cuda_graph", exc, time.perf_counter() - started))
+            results.append(exception_result(name, "cuda_graph", exc, time.perf_counter() - started))
             continue
         detail = f"{real} rows, {how}; error relative to the largest logit"
         results.append(
@@ -278,7 +278,7 @@ def check_overlap(engine: Engine) -> CheckResult:
         synchronous = seqs.generate(overlap=False)
         overlapped = seqs.generate(overlap=True)
     except Exception as exc:
-        return _raised("overlap", "overlap", exc, time.perf_counter() - started)
+        return exception_result("overlap", "overlap", exc, time.perf_counter() - started)
     wrong = [
         (i, j, a, b)
         for i, (x, y) in enumerate(zip(overlapped, synchronous))
