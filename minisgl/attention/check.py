@@ -167,8 +167,9 @@ def check_attention(
             q, k, v = (
                 torch.randn(T, h, D, generator=gen, device=device).to(dtype) for h in (H, Hkv, Hkv)
             )
-            # what the pages must hold after the step, in float32
-            expected_k, expected_v = pool.k[layer][region].float(), pool.v[layer][region].float()
+            # what the pages must hold after the step, in float32 (a copy, whatever the dtype)
+            expected_k = pool.k[layer][region].to(torch.float32, copy=True)
+            expected_v = pool.v[layer][region].to(torch.float32, copy=True)
             expected_k[info.out_slots], expected_v[info.out_slots] = k.float(), v.float()
             out = backend.attention(layer, q, k, v, backend.prepare(info))
             store_err = max(
