@@ -210,3 +210,26 @@ def test_the_flags_set_the_mode() -> None:
     assert parse_args(["--skip-self-check"]).engine_config.self_check == "skip"
     with pytest.raises(SystemExit):
         parse_args(["--strict-self-check", "--skip-self-check"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_on_cuda_the_start_up_check_passes_at_qwen3_s_attention_shape(tmp_path, dtype) -> None:
+    """The real thing: Triton compiled for this GPU, every decode bucket captured and
+    replayed, overlapped steps with real asynchrony. The issue asks for well under a few
+    seconds; the bound here is generous (kernel compilation is inside it)."""
+    from minisgl.doctor.checks import ENGINE_MODEL, write_config
+    from minisgl.engine.config import EngineConfig
+    from minisgl.engine.engine import Engine
+
+    model = write_config(tmp_path, {"num_hidden_layers": 2, **ENGINE_MODEL["cuda"]})
+    engine = Engine(EngineConfig(model=str(model), device="cuda", dtype=dtype,
+                                 dummy_weights=True, num_pages=2048))  # fmt: skip
+    assert engine.check_overlap()
+    failed = [r.describe() for r in engine.self_check.results if not r.passed]
+    assert failed == [] and engine.degraded == {}
+    assert engine.graph_runner is not None
+    assert sorted(engine.graph_runner.graphs) == engine.graph_runner.buckets
+    graph = [r for r in engine.self_check.results if r.part == "cuda_graph"]
+    assert len(graph) == len(engine.graph_runner.buckets)
+    assert engine.self_check.seconds < 30, engine.self_check.summary()

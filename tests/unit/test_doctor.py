@@ -1,0 +1,122 @@
+"""`python -m minisgl doctor` on the CPU, as CI runs it: its JSON, its exit status, and that
+it needs none of the server's dependencies.
+
+The whole doctor runs once in a subprocess in which FastAPI, uvicorn, pydantic, starlette
+and pyzmq cannot be imported (what the GPU machine of benchmarks/gpu_check.sh lacks), with
+the Triton kernels in Triton's interpreter. A second, in-process run at one shape with a
+fault injected into the engine's Triton backend must fail, exit 1 and name the check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVER_ONLY = ("fastapi", "uvicorn", "pydantic", "starlette", "zmq")
+# run `python -m minisgl doctor ARGS` with the server's dependencies made unimportable
+RUN_WITHOUT_SERVER_DEPS = f"""
+import importlib.abc, runpy, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {SERVER_ONLY!r}:
+            raise ImportError(f"{{name}} is not installed on this machine")
+sys.meta_path.insert(0, Block())
+sys.argv = ["minisgl", *sys.argv[1:]]
+runpy.run_module("minisgl", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def doctor_run() -> tuple[int, dict, str]:
+    # one torch thread: two threads spin-waiting on a shared two-core machine run many
+    # times slower, and no figure of this run is asserted
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MINISGL_INJECT_FAULTS", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_WITHOUT_SERVER_DEPS, "doctor", "--json", "--probe-seconds", "1"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900,
+    )  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+def test_doctor_json_has_the_fixed_shape_and_every_shape_passes(doctor_run) -> None:
+    rc, doc, stderr = doctor_run
+    assert rc == 0, stderr[-3000:]
+    assert doc["passed"] is True
+    assert {"checks", "not_checked", "environment", "throughput", "passed"} <= set(doc)
+    checks = doc["checks"]
+    names = [c["name"] for c in checks]
+    assert len(names) == len(set(names))
+    for c in checks:
+        assert {"name", "passed", "max_error", "tolerance", "detail", "part", "group"} <= set(c)
+        assert c["passed"] is True and c["max_error"] is not None
+        assert c["max_error"] <= c["tolerance"]
+    groups = {c["group"] for c in checks}
+    for dtype in ("bfloat16", "float16"):
+        for d in (64, 128):
+            for g in (1, 4, 8):
+                for ps in (1, 16):
+                    assert f"attention {dtype} D={d} G={g} page={ps}" in groups
+    # the torch backend everywhere; Triton (interpreted) wherever the interpreter computes
+    assert {"torch decode", "torch prefill", "torch store"} <= {
+        c["name"].split(": ")[1] for c in checks
+    }
+    triton_dtypes = {c["shape"]["dtype"] for c in checks if c["part"] == "triton"}
+    skipped = {n["name"] for n in doc["not_checked"]}
+    for dtype in ("bfloat16", "float16"):
+        assert dtype in triton_dtypes or f"triton {dtype}" in skipped
+    decode = next(c for c in checks if c["name"].endswith("triton decode"))
+    assert decode["shape"]["batch_sizes"] == [1, 3]
+
+
+def test_doctor_runs_the_engine_self_check_and_says_what_it_could_not_check(doctor_run) -> None:
+    _, doc, _ = doctor_run
+    engine = [c for c in doc["checks"] if c["group"].startswith("engine float16")]
+    short = [c["name"].split(": ")[1] for c in engine]
+    assert short[:3] == ["triton decode", "triton prefill", "triton store"]
+    assert {"cuda_graph bs=1", "cuda_graph bs=2", "cuda_graph bs=4", "overlap"} <= set(short)
+    skipped = {n["name"]: n["reason"] for n in doc["not_checked"]}
+    assert "no CUDA device" in skipped["cuda_graph capture"]
+    assert "interpreter" in skipped["triton on a GPU"]
+    assert not any(n.startswith("engine") and "import" in r for n, r in skipped.items())
+    env = doc["environment"]
+    assert env["device"]["type"] == "cpu" and env["triton_interpreter"] is True
+    assert env["torch"] and env["triton"]
+
+
+def test_doctor_measures_prefill_and_decode_throughput(doctor_run) -> None:
+    _, doc, _ = doctor_run
+    t = doc["throughput"]
+    assert t["model"].startswith("SmolLM2-135M shape")
+    assert t["prefill"]["tokens_per_s"] > 0 and t["prefill"]["steps"] >= 1
+    assert t["decode"]["tokens_per_s"] > 0 and t["decode"]["ms_per_step"] > 0
+
+
+def test_a_fault_makes_doctor_fail_and_name_it(monkeypatch, capsys) -> None:
+    from minisgl.doctor import checks, main
+
+    monkeypatch.setenv("MINISGL_SELF_CHECK_ON_CPU", "1")
+    monkeypatch.setenv("MINISGL_INJECT_FAULTS", "triton-values")
+    monkeypatch.setattr(checks, "DTYPES", {"float16": checks.DTYPES["float16"]})
+    monkeypatch.setattr(checks, "HEAD_DIMS", (64,))
+    monkeypatch.setattr(checks, "GQA_RATIOS", (4,))
+    monkeypatch.setattr(checks, "PAGE_SIZES", (16,))
+    assert main(["--json", "--probe-seconds", "0"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] is False and doc["throughput"] is None
+    failed = [c["name"] for c in doc["checks"] if not c["passed"]]
+    assert failed == [
+        "engine float16 (4 heads, 2 KV heads, head dim 16): triton decode",
+        "engine float16 (4 heads, 2 KV heads, head dim 16): triton prefill",
+    ]  # the grid's own backends have no fault; the torch fallback passed
+    assert main(["--probe-seconds", "0"]) == 1  # the table says it too
+    out = capsys.readouterr().out
+    assert "2 of" in out and "checks FAILED" in out and "triton decode: max error" in out
