@@ -120,3 +120,20 @@ def test_a_fault_makes_doctor_fail_and_name_it(monkeypatch, capsys) -> None:
     assert main(["--probe-seconds", "0"]) == 1  # the table says it too
     out = capsys.readouterr().out
     assert "2 of" in out and "checks FAILED" in out and "triton decode: max error" in out
+
+
+def test_the_gpu_check_table_names_each_failed_check(tmp_path, capsys) -> None:
+    """benchmarks/results_table.py --doctor, as gpu_check.sh prints it after the doctor."""
+    import results_table
+
+    assert results_table.main(str(tmp_path), doctor_only=True) == 0
+    assert "| doctor | no result (FileNotFoundError): see doctor.log" in capsys.readouterr().out
+    ok = {"name": "attention bfloat16 D=64 G=1 page=1: triton store", "passed": True,
+          "max_error": 0.0, "detail": "..."}  # fmt: skip
+    bad = {"name": "engine bfloat16 (...): cuda_graph bs=8", "passed": False, "max_error": 0.4,
+           "detail": "8 rows, replayed"}  # fmt: skip
+    (tmp_path / "doctor.json").write_text(json.dumps({"checks": [ok, bad], "throughput": None}))
+    assert results_table.main(str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "| doctor | 1/2 checks passed | 1 FAILED |" in out
+    assert "| doctor FAILED | engine bfloat16 (...): cuda_graph bs=8: max error 0.4 |" in out
