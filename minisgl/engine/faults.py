@@ -16,6 +16,9 @@ afterwards proves the fallback really routes around the broken part.
   tokens from, as a stream-ordering bug would leave it: an overlapped step reads stale
   tokens, a synchronous one (which knows its tokens on the host) is unaffected.
 
+A name may end in `@RANK` (`overlap@1`): the fault is then injected on that tensor-parallel
+rank only, which is how the tests see one rank's failure become every rank's fallback.
+
 Only meaningful with the self-check running: on a CPU set `MINISGL_SELF_CHECK_ON_CPU=1`
 too (engine/selfcheck.py), which runs the same check code there, the Triton kernels in
 Triton's interpreter.
@@ -38,17 +41,22 @@ class InjectedFault(RuntimeError):
     """An error a fault injected through MINISGL_INJECT_FAULTS raises."""
 
 
-def requested() -> list[str]:
-    names = [n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip()]
-    unknown = [n for n in names if n not in FAULTS]
-    if unknown:
-        raise ValueError(f"{ENV}: unknown fault(s) {unknown}; known: {', '.join(FAULTS)}")
+def requested(rank: int = 0) -> list[str]:
+    """The faults MINISGL_INJECT_FAULTS names for tensor-parallel rank `rank`."""
+    names = []
+    for item in filter(None, (n.strip() for n in os.environ.get(ENV, "").split(","))):
+        name, _, on_rank = item.partition("@")
+        if name not in FAULTS or (on_rank and not on_rank.isdigit()):
+            raise ValueError(f"{ENV}: unknown fault {item!r}; known: {', '.join(FAULTS)}, "
+                             "each optionally @RANK")  # fmt: skip
+        if not on_rank or int(on_rank) == rank:
+            names.append(name)
     return names
 
 
 def inject(engine: Engine) -> list[str]:
     """Break the parts of `engine` that MINISGL_INJECT_FAULTS names; returns the names."""
-    names = requested()
+    names = requested(engine.tp.rank)
     backend = engine.attn_backend
     triton = type(backend).__name__ == "TritonBackend"
     if "triton-values" in names and triton:
