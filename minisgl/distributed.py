@@ -11,6 +11,14 @@ One process is in at most one group at a time. The tensor collectives (`all_redu
 never go through a GPU. `shard(n)` is the part of n things (heads, rows) a rank owns;
 `kv_heads()` is the part of the KV heads, replicated when there are fewer than ranks.
 `destroy_tp()` tears the process group down.
+
+No collective waits forever: every one times out after the group's `timeout` (a minute by
+default), so a rank that dies or stops turns into an error (`RanksFailed`) on the others
+instead of a hang. The other ranks wait for rank 0 between requests, which may be hours, so
+they must not wait inside a collective then: rank 0 says `rest_followers()` before it waits
+for work, and they sleep on the rendezvous store until its next collective wakes them
+(`wake_followers`, called for it by the scheduler's next call). `barrier(tag, timeout)`
+lines the ranks up where they may be far apart (after each loaded its weights).
 """
 
 from __future__ import annotations
@@ -20,6 +28,16 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+
+
+class RanksFailed(RuntimeError):
+    """A collective failed or timed out: another rank died or stopped. The group cannot
+    compute together any more (gloo and NCCL raise plain RuntimeErrors; this names it)."""
+
+
+def _ranks_failed(exc: Exception) -> RanksFailed:
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return RanksFailed(first)
 
 
 @dataclass(frozen=True)
@@ -34,45 +52,105 @@ class TPInfo:
 
 _tp = TPInfo()
 _cpu_group = None  # gloo group for Python objects (scheduling decisions, state)
+_store = None  # the rendezvous store (rank 0 hosts it): rest periods, barriers
+
+# how long ranks may take to meet at start-up (process start, imports, loading weights):
+# far longer than any collective may wait once they run in step
+STARTUP_TIMEOUT_S = 600.0
 
 
 def tp() -> TPInfo:
     return _tp
 
 
-def init_tp(rank: int, size: int, init_method: str, device_type: str = "cpu") -> TPInfo:
+def init_tp(
+    rank: int, size: int, init_method: str, device_type: str = "cpu", timeout: float = 60.0
+) -> TPInfo:
     """Join the process group of `size` ranks as `rank` (`init_method`: for example
-    "tcp://127.0.0.1:29500", or "env://" to read MASTER_ADDR and MASTER_PORT)."""
-    global _tp, _cpu_group
+    "tcp://127.0.0.1:29500", or "env://" to read MASTER_ADDR and MASTER_PORT). A collective
+    that waits longer than `timeout` seconds for another rank raises RanksFailed."""
+    global _tp, _cpu_group, _store
     import torch.distributed as dist
 
     if size > 1:
         backend = "nccl" if device_type == "cuda" else "gloo"
         if device_type == "cuda":  # one GPU per rank
             torch.cuda.set_device(rank % torch.cuda.device_count())
-        # the other ranks wait in a broadcast for as long as rank 0 has nothing to do
-        idle = timedelta(days=7)
-        dist.init_process_group(
-            backend,
-            init_method=init_method,
-            world_size=size,
-            rank=rank,
-            timeout=idle if backend == "gloo" else None,
+        # meet first, with all the time start-up needs; then every collective is bounded
+        host, port = _address(init_method)
+        _store = dist.TCPStore(
+            host,
+            port,
+            size,
+            is_master=rank == 0,
+            timeout=timedelta(seconds=STARTUP_TIMEOUT_S),
+            wait_for_workers=True,
         )
+        bound = timedelta(seconds=timeout)
+        dist.init_process_group(backend, store=_store, world_size=size, rank=rank, timeout=bound)
         _cpu_group = dist.group.WORLD
         if backend != "gloo":
-            _cpu_group = dist.new_group(backend="gloo", timeout=idle)
+            _cpu_group = dist.new_group(backend="gloo", timeout=bound)
     _tp = TPInfo(rank, size)
     return _tp
 
 
+def _address(init_method: str) -> tuple[str, int]:
+    if init_method == "env://":
+        import os
+
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if not init_method.startswith("tcp://"):
+        raise ValueError(f"init_method must be tcp://HOST:PORT or env://, not {init_method!r}")
+    host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+    return host, int(port)
+
+
+def barrier(tag: str, timeout: float) -> None:
+    """Wait (up to `timeout` s, far more than a collective's bound) until every rank got
+    here: where ranks may be minutes apart, such as after loading their weights."""
+    if _tp.size == 1:
+        return
+    store = _store
+    store.set(f"minisgl/{tag}/{_tp.rank}", "1")
+    keys = [f"minisgl/{tag}/{r}" for r in range(_tp.size)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout))
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
+
+
+def wake_followers(rest: int) -> None:
+    """Rank 0, after rest period `rest`: the other ranks stop sleeping on the store."""
+    store = _store
+    store.set(f"minisgl/wake/{rest}", "1")
+    if rest > 1:  # every rank has passed the previous one: it is only litter now
+        store.delete_key(f"minisgl/wake/{rest - 1}")
+
+
+def sleep_until_woken(rest: int, alive=lambda: True) -> None:
+    """A rank other than 0: sleep through rank 0's rest period `rest`; `alive()` is asked
+    once a second (False: give up)."""
+    store = _store
+    key = f"minisgl/wake/{rest}"
+    while alive():
+        try:
+            store.wait([key], timedelta(seconds=1))
+            return
+        except RuntimeError as exc:
+            if "timeout" in str(exc).lower():  # not yet
+                continue
+            raise _ranks_failed(exc) from exc  # rank 0 (which hosts the store) is gone
+    raise RanksFailed("this rank's parent went away while it waited for rank 0")
+
+
 def destroy_tp() -> None:
-    global _tp, _cpu_group
+    global _tp, _cpu_group, _store
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
-    _tp, _cpu_group = TPInfo(), None
+    _tp, _cpu_group, _store = TPInfo(), None, None
 
 
 # ---------------------------------------------------------------- sharding
@@ -102,7 +180,10 @@ def all_reduce(x: torch.Tensor, info: TPInfo) -> torch.Tensor:
     if info.size > 1:
         import torch.distributed as dist
 
-        dist.all_reduce(x)
+        try:
+            dist.all_reduce(x)
+        except RuntimeError as exc:
+            raise _ranks_failed(exc) from exc
     return x
 
 
@@ -113,7 +194,10 @@ def all_gather(x: torch.Tensor, info: TPInfo) -> torch.Tensor:
     import torch.distributed as dist
 
     parts = [torch.empty_like(x) for _ in range(info.size)]
-    dist.all_gather(parts, x.contiguous())
+    try:
+        dist.all_gather(parts, x.contiguous())
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return torch.cat(parts, dim=-1)
 
 
@@ -122,7 +206,10 @@ def broadcast_(x: torch.Tensor, info: TPInfo, src: int = 0) -> torch.Tensor:
     if info.size > 1:
         import torch.distributed as dist
 
-        dist.broadcast(x, src)
+        try:
+            dist.broadcast(x, src)
+        except RuntimeError as exc:
+            raise _ranks_failed(exc) from exc
     return x
 
 
@@ -133,7 +220,10 @@ def min_over_ranks(n: int) -> int:
     import torch.distributed as dist
 
     t = torch.tensor([n], dtype=torch.int64)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_cpu_group)
+    try:
+        dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_cpu_group)
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return int(t.item())
 
 
@@ -145,7 +235,10 @@ def broadcast_object(obj: Any = None) -> Any:
     import torch.distributed as dist
 
     box = [obj]
-    dist.broadcast_object_list(box, src=0, group=_cpu_group)
+    try:
+        dist.broadcast_object_list(box, src=0, group=_cpu_group)
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return box[0]
 
 
@@ -156,5 +249,8 @@ def gather_objects(obj: Any) -> list[Any] | None:
     import torch.distributed as dist
 
     out = [None] * _tp.size if _tp.leader else None
-    dist.gather_object(obj, out, dst=0, group=_cpu_group)
+    try:
+        dist.gather_object(obj, out, dst=0, group=_cpu_group)
+    except RuntimeError as exc:
+        raise _ranks_failed(exc) from exc
     return out

@@ -40,8 +40,27 @@ def start_ranks(engine_config, scheduler_config) -> list[mp.process.BaseProcess]
     ]
     for proc in procs:
         proc.start()
-    init_tp(0, size, init_method, engine_config.resolve_device().type)
+    init_tp(0, size, init_method, engine_config.resolve_device().type, engine_config.dist_timeout)
     return procs
+
+
+def stop_ranks(scheduler, procs: list, failed: bool = False) -> None:
+    """Rank 0: stop the other ranks (told to, or killed when the group has `failed` or
+    does not answer) and leave the process group."""
+    from minisgl.distributed import RanksFailed, destroy_tp
+
+    failed = failed or scheduler is None  # no scheduler: they never got to follow it
+    if not failed:
+        try:
+            scheduler.stop_followers()
+        except RanksFailed:
+            failed = True
+    for proc in procs:
+        proc.join(0 if failed else 30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    destroy_tp()
 
 
 def _exit_with_parent() -> None:
@@ -63,17 +82,24 @@ def _join(engine_config, scheduler_config, rank: int, init_method: str):
     from minisgl.engine.engine import Engine
     from minisgl.scheduler import Scheduler
 
-    init_tp(rank, engine_config.tp_size, init_method, engine_config.resolve_device().type)
+    device = engine_config.resolve_device().type
+    init_tp(rank, engine_config.tp_size, init_method, device, engine_config.dist_timeout)
     return Scheduler(Engine(engine_config), scheduler_config)
 
 
 def _follow(scheduler) -> None:
+    import logging
+
     import torch
 
-    from minisgl.distributed import destroy_tp
+    from minisgl.distributed import RanksFailed, destroy_tp
 
-    with torch.inference_mode():
-        scheduler.follow()
+    try:
+        with torch.inference_mode():
+            scheduler.follow()
+    except RanksFailed as exc:  # rank 0 went away (or another rank stopped): nothing to follow
+        logging.getLogger(__name__).error("rank %d stops: %s", scheduler.tp.rank, exc)
+        raise SystemExit(1) from None
     destroy_tp()
 
 

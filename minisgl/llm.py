@@ -11,21 +11,32 @@ and finish reason (of each choice, when n > 1), or an error message for a prompt
 scheduler refused. `stream` yields text as it is produced; leaving it early aborts the
 requests still running, so nothing is left in the scheduler.
 
+A constrained request (`SamplingParams.json_schema` or `grammar`) is compiled in a
+grammar-compile process (minisgl/grammar/pool.py, started on the first one), so a schema
+that crashes or stalls the grammar library fails that request, not this process: its
+output has the error, naming the field.
+
 `LLM(tp_size=N)` shards the model over N ranks on torch.distributed (gloo on the CPU, NCCL
 on CUDA, one GPU per rank): this process is rank 0 and starts the other N - 1 as child
-processes (`minisgl.distributed_worker`), which follow its scheduler. `close()` stops them
-(also at interpreter exit).
+processes (`minisgl.distributed_worker`), which follow its scheduler. They stop with
+`close()`, at the end of a `with LLM(...) as llm:` block, when the object is garbage
+collected, and at interpreter exit, whichever comes first; one process is in one
+tensor-parallel group at a time, so a second such `LLM` while one is open is an error. A
+rank that dies or stops ends every request in flight with an error within
+`dist_timeout` seconds (the LLM is then closed), rather than hanging.
 """
 
 from __future__ import annotations
 
-import atexit
+import gc
 import itertools
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from minisgl.core import SamplingParams
+from minisgl.distributed import RanksFailed
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
 from minisgl.message import (
@@ -83,6 +94,9 @@ class StreamEvent:
     output: RequestOutput  # the prompt's output so far; `output.finished` on its last event
 
 
+_open_tp: weakref.ref | None = None  # the tensor-parallel LLM of this process, if any
+
+
 class LLM:
     def __init__(
         self,
@@ -90,8 +104,10 @@ class LLM:
         *,
         engine_config: EngineConfig | None = None,
         scheduler_config: SchedulerConfig | None = None,
+        grammar_compile_timeout: float = 5.0,
         **options: Any,
     ) -> None:
+        global _open_tp
         if model is not None:
             options["model"] = model
         engine_options, scheduler_options, unknown = split_options(options)
@@ -101,30 +117,65 @@ class LLM:
         engine_config = replace(engine_config or EngineConfig(), **engine_options)
         scheduler_config = replace(scheduler_config or SchedulerConfig(), **scheduler_options)
         self._followers = []
+        self._resources = _Resources()  # released by close(), the finalizer or at exit
+        self._finalizer = weakref.finalize(self, self._resources.release)
         if engine_config.tp_size > 1:  # ranks 1..N-1 in child processes; this one is rank 0
             from minisgl.distributed_worker import start_ranks
 
-            self._followers = start_ranks(engine_config, scheduler_config)
+            if _open_tp is not None and _open_tp() is not None:
+                gc.collect()  # a dropped one caught in a reference cycle goes now
+            if _open_tp is not None and _open_tp() is not None:
+                raise RuntimeError(
+                    "another LLM with tp_size > 1 is open in this process: close() it (or "
+                    "leave its `with` block) first; a process is in one tensor-parallel "
+                    "group at a time"
+                )
+            self._followers = self._resources.followers = start_ranks(
+                engine_config, scheduler_config
+            )
+            _open_tp = weakref.ref(self)
         self.engine = Engine(engine_config)
-        self.scheduler = Scheduler(self.engine, scheduler_config)
+        self.scheduler = self._resources.scheduler = Scheduler(self.engine, scheduler_config)
+        self.scheduler.rest_followers()  # until the first request, however long that is
         self.tokenizer = load_tokenizer(self.engine.model_dir)
+        self.grammar_compile_timeout = grammar_compile_timeout
         self._uids = itertools.count()
-        if self._followers:
-            atexit.register(self.close)
 
     def close(self) -> None:
-        """Stop the other ranks (tensor parallelism); a no-op otherwise, and when repeated."""
-        if not self._followers:
-            return
-        from minisgl.distributed import destroy_tp
+        """Stop the other ranks (tensor parallelism) and the grammar compiler, if any; a
+        no-op when repeated."""
+        self._followers = []
+        self._finalizer()
 
-        followers, self._followers = self._followers, []
-        self.scheduler.stop_followers()
-        for proc in followers:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-        destroy_tp()
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if not self._finalizer.alive:
+            why = self._resources.failure or "close() was called"
+            raise RuntimeError(f"this LLM is closed ({why}); create a new one")
+
+    def _grammar(self, params: SamplingParams) -> str | None:
+        """The compiled grammar of `params`' constraint (None: free text), compiled in a
+        grammar-compile process; GrammarError when it cannot be."""
+        if params.json_schema is None and params.grammar is None:
+            return None
+        from minisgl.grammar import GrammarError, TokenTable
+        from minisgl.grammar.pool import GrammarCompiler
+
+        if self.tokenizer is None:
+            raise GrammarError("this model has no tokenizer, so its output cannot be constrained")
+        if self._resources.compiler is None:
+            table = TokenTable.of(self.tokenizer, self.engine.model_config.vocab_size)
+            self._resources.compiler = GrammarCompiler(
+                table, workers=1, timeout=self.grammar_compile_timeout
+            )
+        if params.json_schema is not None:
+            return self._resources.compiler.compile([("json_schema", params.json_schema)])
+        return self._resources.compiler.compile([("lark", params.grammar)])
 
     def generate(
         self,
@@ -142,6 +193,9 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> Iterator[StreamEvent]:
+        from minisgl.grammar import GrammarError
+
+        self._check_open()
         prompt_list = _as_prompt_list(prompts)
         params_list = _as_params_list(sampling_params, len(prompt_list))
         detok = DetokenizeManager(self.tokenizer) if self.tokenizer else None
@@ -153,16 +207,43 @@ class LLM:
                 uid = next(self._uids)
                 ids = build_prompt_ids(self.tokenizer, prompt)
                 outputs = [CompletionOutput(i) for i in range(params.n)]
+                try:
+                    grammar = self._grammar(params)
+                except GrammarError as e:
+                    field = "json_schema" if params.json_schema is not None else "grammar"
+                    output = RequestOutput(ids, outputs, error=f"{field}: {e}")
+                    yield StreamEvent(index, 0, "", output)
+                    continue
                 live[uid] = (index, RequestOutput(ids, outputs))
                 if detok:
                     detok.add(uid, len(ids), params.n, params.stop, params.min_tokens)
-                for reply in self.scheduler.process_msg(UserMsg.make(uid, ids, params)):
+                msg = UserMsg.make(uid, ids, params, grammar)
+                for reply in self.scheduler.process_msg(msg):
                     yield from self._apply([reply], live, detok)
             while live:
                 yield from self._apply(self.scheduler.advance(), live, detok)
+        except RanksFailed as e:  # a rank died or stopped: every request in flight ends here
+            if self._followers:
+                yield from self._fail(live, e)
+                return
+            raise
         finally:
-            for uid in live:  # the consumer left early: nothing stays in the scheduler
-                self.scheduler.process_msg(AbortBackendMsg(uid))
+            if self._finalizer.alive:
+                for uid in live:  # the consumer left early: nothing stays in the scheduler
+                    self.scheduler.process_msg(AbortBackendMsg(uid))
+                self.scheduler.rest_followers()
+
+    def _fail(self, live, exc: RanksFailed) -> Iterator[StreamEvent]:
+        message = (
+            f"a tensor-parallel rank did not answer within {self.engine.config.dist_timeout:g} s "
+            f"(dist_timeout): {exc}"
+        )
+        self._resources.failure = message
+        self.close()
+        for index, output in list(live.values()):
+            output.error = message
+            yield StreamEvent(index, 0, "", output)
+        live.clear()
 
     def _apply(self, replies, live, detok) -> Iterator[StreamEvent]:
         tokens = [r for r in replies if isinstance(r, DetokenizeMsg)]
@@ -215,3 +296,24 @@ def _as_params_list(params, n: int) -> list[SamplingParams]:
     if len(params) != n:
         raise ValueError(f"{len(params)} sampling params for {n} prompts")
     return list(params)
+
+
+class _Resources:
+    """What an LLM must give back, apart from the LLM itself, so that its finalizer can
+    release it without keeping the LLM alive: the other ranks and the grammar compiler."""
+
+    def __init__(self) -> None:
+        self.scheduler = None
+        self.followers: list = []
+        self.compiler = None
+        self.failure: str | None = None  # why the ranks failed, when they did
+
+    def release(self) -> None:
+        if self.compiler is not None:
+            self.compiler.close()
+            self.compiler = None
+        if self.followers:
+            from minisgl.distributed_worker import stop_ranks
+
+            followers, self.followers = self.followers, []
+            stop_ranks(self.scheduler, followers, failed=self.failure is not None)

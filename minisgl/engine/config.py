@@ -43,6 +43,9 @@ class EngineConfig:
     self_check: str = "auto"
     seed: int = 0  # seed of --dummy-weights
     tp_size: int = 1  # tensor parallelism: ranks (one process and device each) per model
+    # seconds a collective waits for the other ranks before it fails: a rank that died or
+    # stopped ends every request in flight with an error within this bound, not a hang
+    dist_timeout: float = 60.0
 
     def resolve_device(self) -> torch.device:
         import torch

@@ -27,7 +27,7 @@ import torch
 
 from minisgl.attention import AttentionContext, create_attention_backend
 from minisgl.core import Batch
-from minisgl.distributed import min_over_ranks, tp
+from minisgl.distributed import STARTUP_TIMEOUT_S, barrier, min_over_ranks, tp
 from minisgl.kvcache import KVCachePool
 from minisgl.message import TokenLogprob
 from minisgl.models.config import ModelConfig
@@ -57,6 +57,7 @@ class Engine:
         self._check_tp()
         self.model = self._load_model()
         self.page_size = config.page_size
+        barrier("loaded", STARTUP_TIMEOUT_S)  # ranks load at their own pace; then in step
 
         # every rank must hold the same pages: the scheduler decides for all of them
         self.num_pages = config.num_pages or min_over_ranks(self._pages_from_memory())

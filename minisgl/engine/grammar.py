@@ -1,19 +1,19 @@
-"""Grammar-constrained decoding: grammars compiled with llguidance, a matcher per sequence.
+"""Grammar-constrained decoding in the scheduler: a matcher per sequence, one mask per step.
 
-Contract: a request's output is constrained by `SamplingParams.json_schema` (a JSON schema:
-response_format) or `SamplingParams.grammar` (a grammar in llguidance's Lark syntax, which
-can embed JSON schemas: forced tool calls). `compile_grammar(params)` turns either into an
-llguidance grammar or raises `GrammarError` saying what is wrong; it needs no tokenizer, so
-the tokenizer worker checks a request with it before the scheduler sees it.
-`Grammars(model_dir, vocab_size)` reads the tokenizer's token table once, on the first
-grammar it sees; `matcher(params)` returns a fresh matcher for a request's constraint
-(compiled grammars are cached by their text), or None for free text. `mask(logits, rows, staging)`
-sets to -inf, in place, every token each row's matcher does not allow next: one bitmask for
-all the constrained rows, filled by llguidance in native code (no Python over the
-vocabulary), applied in one op. After a token is sampled the scheduler feeds it to the
-sequence's matcher (`advance`). Once a matcher has seen a complete value it allows only
-the end-of-sequence token, so a constrained sequence ends with `finish_reason` "stop"
-like any other.
+Contract: a request whose output is constrained (`SamplingParams.json_schema`: response_format;
+`SamplingParams.grammar`: forced tool calls) reaches the scheduler with its grammar already
+compiled and checked by a grammar-compile process (minisgl/grammar/): `UserMsg.grammar`,
+llguidance's grammar text. `Grammars(model_dir, vocab_size)` holds the model's token table
+(built on a thread of its own: at once after `warm()`, the server's start-up) and builds
+matchers on that thread too: `build(grammar)` returns a future of a fresh matcher, so a
+large grammar never stalls the step loop; the scheduler admits the request once it is
+ready. `copy(matcher)` is a fresh matcher's twin for another choice of the same request.
+`mask(logits, rows, staging)` sets to -inf, in place, every token each row's matcher does
+not allow next: one bitmask for all the constrained rows, filled by llguidance in native
+code (no Python over the vocabulary), applied in one op. After a token is sampled the
+scheduler feeds it to the sequence's matcher (`advance`). Once a matcher has seen a
+complete value it allows only the end-of-sequence token, so a constrained sequence ends
+with `finish_reason` "stop" like any other.
 
 A matcher is state of its sequence (`Req.matcher`): it lives and dies with it, survives
 preemption (tokens already sampled are never sampled again), and is counted in
@@ -23,114 +23,87 @@ is never scheduled while its last token is still pending (overlap scheduling).
 
 from __future__ import annotations
 
-import functools
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 
-from minisgl.core import SamplingParams
+from minisgl.grammar import GrammarError, TokenTable
 
 from .staging import Staging
 
-
-class GrammarError(ValueError):
-    pass
+__all__ = ["GrammarError", "Grammars", "advance", "mask"]
 
 
 class Grammars:
     def __init__(self, model_dir: Path, vocab_size: int) -> None:
         self.model_dir, self.vocab_size = model_dir, vocab_size
-        self._tokenizer = None  # llguidance's view of the model's tokenizer
-        self._compiled: dict[str, str] = {}  # schema text -> its grammar
+        # llguidance releases the GIL while it builds: the step loop runs on meanwhile
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="grammar")
+        self._table: Future | None = None
 
-    def _token_table(self):
-        if self._tokenizer is None:
-            import llguidance.hf
-            from transformers import AutoTokenizer
+    def warm(self) -> Future:
+        """Start building the token table now (the server's start-up), not on the first
+        constrained request."""
+        return self._token_table()
 
+    def _token_table(self) -> Future:
+        if self._table is None:
+            self._table = self._thread.submit(self._build_table)
+        return self._table
+
+    def _build_table(self):
+        from transformers import AutoTokenizer
+
+        try:
             hf = AutoTokenizer.from_pretrained(str(self.model_dir))
-            self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=self.vocab_size)
-        return self._tokenizer
+        except Exception as e:  # a bare config (--dummy-weights): no tokenizer, no grammar
+            raise GrammarError(f"this model's output cannot be constrained: {e}") from None
+        return TokenTable.of(hf, self.vocab_size).build()
 
-    def matcher(self, params: SamplingParams):
-        """A new matcher for `params`' constraint; None when the output is free text."""
-        import llguidance
+    def build(self, grammar: str) -> Future:
+        """A future of a new matcher for compiled `grammar` (it raises GrammarError)."""
+        table = self._token_table()
+        return self._thread.submit(_new_matcher, table, grammar)
 
-        key = params.json_schema or params.grammar
-        if key is None:
-            return None
-        grammar = self._compiled.get(key)
-        if grammar is None:
-            grammar = self._compiled[key] = compile_grammar(params)
-        matcher = llguidance.LLMatcher(self._token_table(), grammar)
-        if matcher.is_error():
-            raise GrammarError(f"not a usable grammar: {matcher.get_error()}")
-        return matcher
+    @staticmethod
+    def copy(matcher):
+        """A twin of a matcher that has consumed nothing (another choice's)."""
+        return matcher.deep_copy()
 
-
-def compile_grammar(params: SamplingParams) -> str | None:
-    """The llguidance grammar of `params`' constraint (None: free text), or GrammarError."""
-    if params.json_schema is not None:
-        return compile_schema(params.json_schema)
-    if params.grammar is not None:
-        return _checked(_lark(params.grammar), "grammar")
-    return None
+    def close(self) -> None:
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
 
-@functools.lru_cache(maxsize=256)
-def _lark(text: str) -> str:
+def _new_matcher(table: Future, grammar: str):
     import llguidance
 
-    try:
-        return llguidance.LLMatcher.grammar_from_lark(text)
-    except Exception as e:
-        raise GrammarError(f"not a usable grammar: {e}") from None
+    matcher = llguidance.LLMatcher(table.result(), grammar)
+    if matcher.is_error():
+        raise GrammarError(f"not a usable grammar: {matcher.get_error()}")
+    return matcher
 
 
-def _checked(grammar: str, what: str) -> str:
-    import llguidance
-
-    problem = llguidance.LLMatcher.validate_grammar(grammar)
-    if problem:
-        raise GrammarError(f"not a usable {what}: {problem}")
-    return grammar
-
-
-@functools.lru_cache(maxsize=256)  # a client sends the same schema again and again
-def compile_schema(schema: str) -> str:
-    """`schema` (JSON text) as an llguidance grammar, or GrammarError. Needs no tokenizer:
-    the tokenizer worker checks a request's schema with it before the scheduler sees it.
-    Whitespace between tokens is compact unless the schema's "x-guidance" says otherwise
-    (a small model left free to add whitespace can add it until max_tokens)."""
-    import json
-
-    import llguidance
-
-    try:
-        parsed = json.loads(schema)
-    except ValueError as e:
-        raise GrammarError(f"not a usable JSON schema: not JSON ({e})") from None
-    if isinstance(parsed, dict) and "x-guidance" not in parsed:
-        parsed = {**parsed, "x-guidance": {"whitespace_flexible": False}}
-    try:
-        grammar = llguidance.LLMatcher.grammar_from_json_schema(json.dumps(parsed))
-    except Exception as e:  # not a schema at all
-        raise GrammarError(f"not a usable JSON schema: {e}") from None
-    return _checked(grammar, "JSON schema")
+_BITS = {}  # device -> arange(32): the bit of each token within its bitmask word
 
 
 def mask(logits: torch.Tensor, rows: list[tuple[int, object]], staging: Staging) -> None:
     """Edit the (B, V) logits in place: each (row, matcher)'s disallowed tokens to -inf."""
-    import llguidance.torch as lt
-
-    index = staging.to_device([row for row, _ in rows], torch.int64)
-    words = -(-logits.shape[-1] // 32)  # 32 tokens per int32 of the bitmask
+    V = logits.shape[-1]
+    words = -(-V // 32)  # 32 tokens per int32 of the bitmask
     host = staging.host(len(rows) * words, torch.int32)
-    bitmask = torch.from_numpy(host).view(len(rows), words)
-    for j, (_, matcher) in enumerate(rows):
-        lt.fill_next_token_bitmask(matcher, bitmask, j)
+    row_bytes = words * 4
+    for j, (_, matcher) in enumerate(rows):  # llguidance writes each row's words in place
+        matcher.unsafe_compute_mask_ptr(host.ctypes.data + j * row_bytes, row_bytes)
+    bitmask = staging.copy(host).view(len(rows), words, 1)  # (R, W, 1)
+    index = staging.to_device([row for row, _ in rows], torch.int64)
+    bits = _BITS.get(logits.device)
+    if bits is None:
+        bits = _BITS[logits.device] = torch.arange(32, dtype=torch.int32, device=logits.device)
+    # token 32 * w + b is allowed when bit b of word w is set: (R, W, 32) -> (R, V)
+    allowed = ((bitmask >> bits) & 1).view(len(rows), words * 32)[:, :V].bool()
     constrained = logits[index]  # a copy: the rows with a grammar
-    lt.apply_token_bitmask_inplace(constrained, staging.copy(host).view(len(rows), words))
+    constrained.masked_fill_(~allowed, float("-inf"))
     logits[index] = constrained
 
 

@@ -18,10 +18,15 @@ class UserMsg(msgspec.Struct, tag=True):
     uid: int
     input_ids_packed: bytes  # int32 array, see codec.pack_ids
     sampling_params: SamplingParams
+    # llguidance's grammar for the params' json_schema or grammar, compiled and checked by
+    # a grammar-compile process (minisgl/grammar/): the scheduler only builds a matcher
+    grammar: str | None = None
 
     @classmethod
-    def make(cls, uid: int, input_ids: list[int], params: SamplingParams) -> UserMsg:
-        return cls(uid, pack_ids(input_ids), params)
+    def make(
+        cls, uid: int, input_ids: list[int], params: SamplingParams, grammar: str | None = None
+    ) -> UserMsg:
+        return cls(uid, pack_ids(input_ids), params, grammar)
 
     @property
     def input_ids(self) -> list[int]:

@@ -5,7 +5,10 @@ Contract: `ZmqSchedulerIO` is the process's implementation of the scheduler's I/
 `scheduler_worker` builds the engine, reports readiness (or why it could not start) to the
 launcher, and runs the loop until told to exit or until its parent process disappears.
 With tensor parallelism it is rank 0: it joins the ranks' process group first, and its
-scheduler's calls are mirrored to the other ranks (minisgl/distributed_worker.py).
+scheduler's calls are mirrored to the other ranks (minisgl/distributed_worker.py). A rank
+that dies or stops makes a collective fail within --dist-timeout seconds: every request in
+flight is then answered with an error, and the process exits (status 1) so that the
+launcher stops the server, whose ranks can no longer compute together.
 """
 
 from __future__ import annotations
@@ -56,12 +59,19 @@ class ZmqSchedulerIO:
     def send(self, replies: list[TokenizerMsg]) -> None:
         self.outbox.put(replies)
 
+    def send_last(self, replies: list[TokenizerMsg]) -> None:
+        """Send, then wait (a little) until ZMQ has delivered: the process exits next."""
+        self.outbox.put(replies)
+        self.outbox.close(linger_ms=2000)
+
 
 def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=None) -> None:
     """Process entry point."""
     import torch
 
+    from minisgl.distributed import RanksFailed
     from minisgl.engine.engine import Engine
+    from minisgl.message import ErrorInfo, ErrorKind
 
     from .scheduler import Scheduler
     from .timeline import SchedulerTimeline
@@ -74,10 +84,12 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
         if config.tp_size > 1:  # rank 0 of the tensor-parallel ranks: it decides for all
             from minisgl.distributed import init_tp
 
-            init_tp(0, config.tp_size, args.dist_init_method, config.resolve_device().type)
+            device = config.resolve_device().type
+            init_tp(0, config.tp_size, args.dist_init_method, device, config.dist_timeout)
         engine = Engine(config)
         timeline = SchedulerTimeline(detailed=args.debug_history > 0)
         scheduler = Scheduler(engine, args.scheduler_config, timeline)
+        scheduler.grammars.warm()  # the token table, before the first constrained request
         io = ZmqSchedulerIO(
             PullQueue(channels.scheduler, BackendMsg),
             PushQueue(channels.tokenizer, TokenizerMsg),
@@ -102,3 +114,12 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
             scheduler.run_forever(io)
     except ParentGone:
         logger.warning("the launcher is gone: scheduler exits")
+    except RanksFailed as exc:  # a rank died or stopped mid-step: the ranks are out of step
+        message = (
+            f"a tensor-parallel rank did not answer within {config.dist_timeout:g} s "
+            f"(--dist-timeout): {exc}"
+        )
+        logger.error("%s; the scheduler stops", message)
+        error = ErrorInfo(ErrorKind.BACKEND_UNAVAILABLE, message)
+        io.send_last(scheduler.fail_all(error))
+        raise SystemExit(1) from None

@@ -41,10 +41,18 @@ from __future__ import annotations
 import logging
 import os
 import random
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_for_futures
 from typing import Protocol
 
 from minisgl.core import Batch, Req, SamplingParams
-from minisgl.distributed import broadcast_object, gather_objects, tp
+from minisgl.distributed import (
+    broadcast_object,
+    gather_objects,
+    sleep_until_woken,
+    tp,
+    wake_followers,
+)
 from minisgl.engine.engine import Engine, StepHandle
 from minisgl.engine.grammar import GrammarError, Grammars, advance
 from minisgl.message import (
@@ -106,6 +114,8 @@ class Scheduler:
         self.decode_manager = DecodeManager()
         self.eos_token_ids = engine.model_config.eos_token_ids
         self.grammars = Grammars(engine.model_dir, engine.model_config.vocab_size)
+        # constrained requests whose matcher is being built (off the loop), by uid
+        self._building: dict[int, tuple[Req, Future]] = {}
         self.tp = tp()
         self._seeds = random.SystemRandom()
         if self.tp.size > 1:  # the same seeds on every rank, drawn in the same order
@@ -116,10 +126,16 @@ class Scheduler:
         if self.overlap:  # the engine's start-up self-check may fall back to synchronous steps
             self.overlap = engine.check_overlap()
         self._in_flight: _Launched | None = None  # launched, results not read yet
+        self._rests = 0  # rank 0: rest periods so far (the others sleep through them)
+        self._resting = False
 
     # ------------------------------------------------------------------ messages
     @property
     def has_work(self) -> bool:
+        return self._can_step or bool(self._building)
+
+    @property
+    def _can_step(self) -> bool:
         return (
             self._in_flight is not None
             or self.prefill_manager.runnable
@@ -128,7 +144,7 @@ class Scheduler:
 
     def state(self) -> dict[str, int]:
         return {
-            "pending": len(self.prefill_manager),
+            "pending": len(self.prefill_manager) + len(self._building),
             "running": len(self.decode_manager),
             "table_slots_used": self.table_manager.used,
             "kv_pages_used": self.cache_manager.used,  # held by live requests
@@ -148,21 +164,34 @@ class Scheduler:
     def _mirror(self, op: str, arg=None) -> None:
         """Rank 0: tell the other ranks' schedulers to make the same call."""
         if self.tp.size > 1 and self.tp.leader:
+            if self._resting:
+                wake_followers(self._rests)
+                self._resting = False
             broadcast_object((op, arg))
 
-    def follow(self) -> None:
+    def rest_followers(self) -> None:
+        """Rank 0, about to wait for work (for as long as it takes): the other ranks wait
+        on the rendezvous store, not inside a collective that would time out."""
+        if self.tp.size > 1 and self.tp.leader and not self._resting:
+            self._rests += 1
+            broadcast_object(("rest", self._rests))
+            self._resting = True
+
+    def follow(self, alive=lambda: True) -> None:
         """A rank other than 0: make rank 0's calls until it stops us."""
         while True:
             op, arg = broadcast_object()
             if op == "exit":
                 return
-            if op == "msgs":
+            if op == "rest":
+                sleep_until_woken(arg, alive)
+            elif op == "msgs":
                 for msg in arg:
                     self._process(msg)
             elif op == "advance":
-                self._advance()
+                self._advance(arg)
             elif op == "step":
-                self._step()
+                self._step(arg)
 
     def stop_followers(self) -> None:
         self._mirror("exit")
@@ -221,11 +250,11 @@ class Scheduler:
                 where = field or "the prompt"
                 message = f"{where}: token ids must be in [0, {vocab})"
                 return _error(msg, ErrorKind.INVALID_TOKEN_ID, message, field)
-        try:
-            matcher = self.grammars.matcher(params)
-        except GrammarError as e:
+        constrained = params.json_schema is not None or params.grammar is not None
+        if constrained and msg.grammar is None:  # a caller that skipped the compile step
             field = "json_schema" if params.json_schema is not None else "grammar"
-            return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
+            message = f"{field} reached the scheduler uncompiled (compile it first)"
+            return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, message, field)
         # more than the room left is clamped; hitting the clamp is finish_reason "length"
         room = max_seq_len - len(ids)
         max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
@@ -238,9 +267,11 @@ class Scheduler:
             seed=self._seed_for(params, 0),
             eos_token_ids=self.eos_token_ids,
             forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
-            matcher=matcher,
         )
-        self.prefill_manager.add_req(req)
+        if constrained:  # queued once its matcher is built, off this loop (llguidance)
+            self._building[req.uid] = (req, self.grammars.build(msg.grammar))
+        else:
+            self.prefill_manager.add_req(req)
         return None
 
     # --8<-- [end:validate]
@@ -269,7 +300,9 @@ class Scheduler:
                 seed=self._seed_for(first.sampling_params, index),
                 eos_token_ids=first.eos_token_ids,
                 index=index,
-                matcher=self.grammars.matcher(first.sampling_params),
+                # the first choice's matcher has consumed nothing yet: its first token
+                # is being sampled in the step that forks
+                matcher=first.matcher and self.grammars.copy(first.matcher),
             )
             self.cache_manager.share(first, child, shared)
             child.cached_len = shared * self.cache_manager.page_size
@@ -282,6 +315,11 @@ class Scheduler:
     # --8<-- [start:abort_req]
     def abort_req(self, uid: int, index: int | None = None) -> list[Req]:
         """Remove a request's sequences (one choice, or all) wherever they are."""
+        if uid in self._building:  # its matcher is still being built: it holds nothing
+            req, _ = self._building.pop(uid)
+            if self.timeline is not None:
+                self.timeline.ended(req, "aborted", sequences=1 + req.forks_left)
+            return [req]
         reqs = self.prefill_manager.abort_req(uid, index)
         reqs += self.decode_manager.abort_req(uid, index)
         for req in reqs:
@@ -304,6 +342,14 @@ class Scheduler:
 
     # --8<-- [end:abort_req]
 
+    def fail_all(self, error: ErrorInfo) -> list[TokenizerMsg]:
+        """The scheduler cannot go on (its ranks fell out of step): an error reply for
+        every request it holds. Their state stays: the process exits next."""
+        uids = {r.uid for r in self.prefill_manager.pending}
+        uids |= {uid for uid, _ in self.decode_manager.running}
+        uids |= set(self._building)
+        return [BackendErrorMsg(uid, error) for uid in sorted(uids)]
+
     def flush_cache(self) -> int:
         """Empty the prefix cache: the pages freed, or -1 (nothing done) while any request
         is in flight here."""
@@ -315,26 +361,58 @@ class Scheduler:
     # --8<-- [start:step]
     def step(self) -> list[TokenizerMsg]:
         """One step, launched and read back (replies of a step still in flight first)."""
-        self._mirror("step")
-        return self._step()
+        built = self._built()
+        self._mirror("step", built)
+        return self._step(built)
 
-    def _step(self) -> list[TokenizerMsg]:
-        replies = self._take_in_flight()
+    def _step(self, built: list[int] = ()) -> list[TokenizerMsg]:
+        replies = self._admit_built(built) + self._take_in_flight()
         launched = self.launch_step()
         return replies + (self.finish_step(launched) if launched else [])
 
     def advance(self) -> list[TokenizerMsg]:
         """With overlap: launch the next step, then read the previous one. Else `step()`."""
-        self._mirror("advance")
-        return self._advance()
+        built = self._built()
+        self._mirror("advance", built)
+        return self._advance(built)
 
-    def _advance(self) -> list[TokenizerMsg]:
+    def _advance(self, built: list[int] = ()) -> list[TokenizerMsg]:
         if not self.overlap:
-            return self._step()
+            return self._step(built)
+        replies = self._admit_built(built)
         launched = self.launch_step()
-        replies = self._take_in_flight()
+        replies += self._take_in_flight()
         self._in_flight = launched
         return replies
+
+    def _built(self) -> list[int]:
+        """The requests whose matcher is ready (rank 0 decides: the others wait for theirs)."""
+        return [uid for uid, (_, future) in self._building.items() if future.done()]
+
+    def _admit_built(self, uids: list[int]) -> list[TokenizerMsg]:
+        """Queue the requests whose matcher is built; a grammar llguidance refused after all
+        ends its request with an error."""
+        errors: list[TokenizerMsg] = []
+        for uid in uids:
+            req, future = self._building.pop(uid)
+            try:
+                req.matcher = future.result()
+            except GrammarError as e:
+                params = req.sampling_params
+                field = "json_schema" if params.json_schema is not None else "grammar"
+                if self.timeline is not None:
+                    self.timeline.errored(uid, ErrorKind.INVALID_SAMPLING_VALUE.value)
+                info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
+                errors.append(BackendErrorMsg(uid, info))
+                continue
+            self.prefill_manager.add_req(req)
+        return errors
+
+    def wait_for_matchers(self, timeout: float) -> None:
+        """Idle but for matchers being built: sleep until one is ready (or `timeout`)."""
+        futures = [future for _, future in self._building.values()]
+        if futures:
+            wait_for_futures(futures, timeout, return_when=FIRST_COMPLETED)
 
     def _take_in_flight(self) -> list[TokenizerMsg]:
         launched, self._in_flight = self._in_flight, None
@@ -451,6 +529,10 @@ class Scheduler:
     # ------------------------------------------------------------------ process loop
     def run_forever(self, io: SchedulerIO) -> None:
         while True:
+            if not self._can_step:  # only matchers being built: wait for them, not spin
+                self.wait_for_matchers(0.01)
+            if not self.has_work:
+                self.rest_followers()
             msgs = io.receive(blocking=not self.has_work)
             exiting = any(isinstance(m, ExitMsg) for m in msgs)
             if exiting:  # answers to what came before it still go out

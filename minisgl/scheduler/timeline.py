@@ -67,6 +67,11 @@ class SchedulerTimeline:
         self._event(uid, "queued", now)
         self._event(uid, "error", now, kind=kind)
 
+    def errored(self, uid: int, kind: str) -> None:
+        """Queued, then refused before its first prefill chunk (its grammar)."""
+        if self.lives.pop(uid, None) is not None:
+            self._event(uid, "error", self.clock(), kind=kind)
+
     def prefill(self, req: Req, tokens: int, step: int, cached: int) -> None:
         """One prefill chunk of `tokens` tokens, from position `cached`, in step `step`."""
         life = self.lives.get(req.uid)

@@ -60,6 +60,12 @@ class ServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_method: str | None = None  # set by the launcher for the ranks, not a flag
+    # seconds one request's schemas, tool parameters and grammar may take to compile (in a
+    # compile process, beside the server's loops); a real schema takes milliseconds
+    grammar_compile_timeout: float = 5.0
+    # larger JSON schemas (each tool's parameters, response_format) and grammars are refused
+    # uncompiled: 128 KiB is far past any hand-written schema or generated API description
+    grammar_max_bytes: int = 1 << 17
     # ended requests whose timelines /debug/requests keeps (0: no timelines are recorded,
     # only the metrics' share of them); 256 covers minutes of a busy laptop's traffic
     debug_history: int = 256
@@ -101,6 +107,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=e.tp_size,
         help="tensor parallelism: shard the model over N ranks, one process (and GPU) each",
+    )
+    p.add_argument(
+        "--dist-timeout",
+        type=float,
+        default=e.dist_timeout,
+        help="seconds a tensor-parallel collective waits for the other ranks; past it every "
+        "request in flight ends with an error and the server stops (default: %(default)s)",
     )
     p.add_argument(
         "--nnodes",
@@ -207,6 +220,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="ended requests whose timelines GET /debug/requests keeps (0: record none)",
     )
     p.add_argument(
+        "--grammar-compile-timeout",
+        type=float,
+        default=d.grammar_compile_timeout,
+        help="seconds a request's JSON schemas and tool grammar may take to compile (400 past it)",
+    )
+    p.add_argument(
+        "--grammar-max-bytes",
+        type=int,
+        default=d.grammar_max_bytes,
+        help="larger JSON schemas or tool parameters are refused with a 400 (default: %(default)s)",
+    )
+    p.add_argument(
         "--chat-template",
         help="a chat template (.jinja file, or a shipped one: smollm2-tools) instead of the "
         "model's own, for example to give a model tool calling",
@@ -230,6 +255,9 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         "client_stall_timeout",
         "worker_heartbeat_timeout",
         "request_read_timeout",
+        "grammar_compile_timeout",
+        "grammar_max_bytes",
+        "dist_timeout",
     )
     for name in positive:
         if getattr(ns, name) <= 0:

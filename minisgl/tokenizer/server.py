@@ -2,9 +2,15 @@
 
 Contract (per uid):
 - TokenizeMsg: build the prompt ids, create the decode state, send UserMsg to the scheduler.
-  A prompt that cannot be tokenized is answered at once with an error UserReply.
-- AbortMsg: drop the decode state and forward AbortBackendMsg (the reference forwarded the
-  abort but kept the decode state, which then leaked).
+  A prompt that cannot be tokenized is answered at once with an error UserReply. A request
+  with a constraint (response_format, forced tool calls) or tools first has them compiled
+  by the grammar-compile processes (minisgl/grammar/pool.py), never on this loop: it waits
+  here (counted as `grammar_compiles`) while other requests go on, then goes to the
+  scheduler with its compiled grammar, or is answered with an error naming the field
+  (response_format or tools) that did not compile, was too large, crashed the compiler or
+  outran its time limit. Compiled grammars (and refusals) are cached by their text.
+- AbortMsg: drop the decode state (or the wait for a compile) and forward AbortBackendMsg
+  (the reference forwarded the abort but kept the decode state, which then leaked).
 - DetokenizeMsg: new text for one choice of the uid, sent on as a UserReply; when a stop
   string ends a choice, AbortBackendMsg(uid, index) stops it in the scheduler; the reply
   that ends the last choice is the request's terminal one and removes the decode state. A
@@ -24,7 +30,9 @@ import json
 import logging
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -56,6 +64,21 @@ from .tokenize import ToolsUnsupported, build_prompt_ids, load_tokenizer, token_
 
 logger = logging.getLogger(__name__)
 
+# compiled grammars (and refusals) kept, by the text they came from: clients send the same
+# schema again and again, and one that crashed the compiler must not crash it again
+COMPILE_CACHE_ENTRIES = 256
+COMPILE_CACHE_BYTES = 32 << 20
+
+
+@dataclass
+class _Compiling:
+    """A tokenized request waiting for its grammar-compile job."""
+
+    msg: TokenizeMsg
+    ids: list[int]
+    job: tuple[tuple[str, str], ...]  # (kind, text) per item: the cache key
+    fields: list[tuple[str, str]]  # per item: (param, how its errors begin)
+
 
 class TokenizerWorker:
     def __init__(
@@ -64,6 +87,8 @@ class TokenizerWorker:
         send_backend: Callable[[list[BackendMsg]], None],
         send_frontend: Callable[[list[FrontendMsg]], None],
         timeline: bool = False,
+        compiler=None,
+        grammar_max_bytes: int = 1 << 17,
     ) -> None:
         self.tokenizer = tokenizer
         self.detokenize_manager = DetokenizeManager(tokenizer)
@@ -71,6 +96,13 @@ class TokenizerWorker:
         self.send_frontend = send_frontend
         self.timeline = timeline  # record this worker's own timeline events
         self._batch = TimelineMsg([])  # events to pass on with the next send
+        self.compiler = compiler  # grammar/pool.py's GrammarCompiler; None: none here
+        self.grammar_max_bytes = grammar_max_bytes
+        self._compiling: dict[int, _Compiling] = {}  # uid -> request waiting for its grammar
+        self._compiled: OrderedDict[tuple, tuple[str | None, int | None, str | None]] = (
+            OrderedDict()
+        )  # job -> (grammar, failed item, error): least recently used first
+        self._compiled_bytes = 0
 
     def _event(self, uid: int, event: str, **detail) -> None:
         if self.timeline:
@@ -92,12 +124,25 @@ class TokenizerWorker:
         self._batch.kv = msg.kv or self._batch.kv
 
     def state(self) -> dict[str, int]:
-        return {"decode_states": len(self.detokenize_manager.decode_map)}
+        return {
+            "decode_states": len(self.detokenize_manager.decode_map),
+            "grammar_compiles": len(self._compiling),  # requests waiting for their grammar
+        }
+
+    def wait_ms(self, default: int) -> int:
+        """How long the process loop may wait for messages before `handle([])` is due."""
+        return self.compiler.wait_ms(default) if self._compiling else default
+
+    def fds(self) -> list[int]:
+        """File descriptors that wake the process loop: the compile processes' answers."""
+        return self.compiler.fds() if self.compiler is not None else []
 
     # --8<-- [start:handle]
     def handle(self, msgs: list[TokenizerMsg]) -> None:
         to_backend: list[BackendMsg] = []
         to_frontend: list[FrontendMsg] = []
+        if self._compiling:  # grammars compiled since the last call go first
+            to_backend += self._take_compiled(to_frontend)
         run: list[DetokenizeMsg] = []  # consecutive tokens, decoded in one batch
         for msg in msgs:
             if isinstance(msg, DetokenizeMsg):
@@ -108,9 +153,11 @@ class TokenizerWorker:
             if isinstance(msg, TokenizeMsg):
                 to_backend += self._tokenize(msg, to_frontend)
             elif isinstance(msg, AbortMsg):
-                if msg.uid in self.detokenize_manager.decode_map:
+                if msg.uid in self.detokenize_manager.decode_map or msg.uid in self._compiling:
                     self._event(msg.uid, "aborted")
                 self.detokenize_manager.remove(msg.uid)  # the decode state goes too
+                if self._compiling.pop(msg.uid, None) is not None:
+                    self.compiler.cancel(msg.uid)
                 to_backend.append(AbortBackendMsg(msg.uid))
             elif isinstance(msg, BackendErrorMsg):
                 to_frontend += self._error(msg)
@@ -141,11 +188,28 @@ class TokenizerWorker:
             logger.info("uid %d: cannot tokenize: %s", msg.uid, exc)
             error = ErrorInfo(ErrorKind.INVALID_PROMPT, f"cannot tokenize the prompt: {exc}")
             return self._refuse(msg.uid, error, to_frontend)
-        params = msg.sampling_params
-        if (error := self._check_constraints(msg)) is not None:  # before the scheduler
-            return self._refuse(msg.uid, error, to_frontend)
         self._event(msg.uid, "tokenized", prompt_tokens=len(ids))
-        # the decode state is created here, with the prompt, never by a first token
+        job = self._compile_job(msg)
+        if job is None:
+            return self._admit(msg, ids)
+        fields, items = job
+        if (error := self._check_size(msg, fields, items)) is not None:
+            return self._refuse(msg.uid, error, to_frontend)
+        waiting = _Compiling(msg, ids, tuple(items), fields)
+        if waiting.job in self._compiled:  # compiled before: no process needed
+            self._compiled.move_to_end(waiting.job)
+            return self._compile_done(waiting, *self._compiled[waiting.job], to_frontend)
+        if self.compiler is None:
+            error = ErrorInfo(ErrorKind.INTERNAL, "this server has no grammar compiler")
+            return self._refuse(msg.uid, error, to_frontend)
+        self._compiling[msg.uid] = waiting
+        self.compiler.submit(msg.uid, items)
+        return []
+
+    def _admit(self, msg: TokenizeMsg, ids: list[int], grammar: str | None = None) -> list:
+        """The request goes to the scheduler; its decode state is created here, with the
+        prompt, never by a first token."""
+        params = msg.sampling_params
         echo = ""
         if msg.echo:
             echo = (
@@ -156,7 +220,7 @@ class TokenizerWorker:
         self.detokenize_manager.add(
             msg.uid, len(ids), params.n, params.stop, params.min_tokens, echo=echo
         )
-        return [UserMsg.make(msg.uid, ids, params)]
+        return [UserMsg.make(msg.uid, ids, params, grammar)]
 
     def _refuse(self, uid: int, error: ErrorInfo, to_frontend: list[FrontendMsg]) -> list:
         """A request that cannot start: one error reply, no decode state, nothing sent on."""
@@ -164,30 +228,76 @@ class TokenizerWorker:
         to_frontend.append(UserReply(uid, finished=True, error=error))
         return []
 
-    def _check_constraints(self, msg: TokenizeMsg) -> ErrorInfo | None:
-        """A schema or grammar that cannot constrain decoding: the error that refuses the
-        request, naming the field it came from. Every tool's parameters are checked, so a
-        bad one is refused whatever tool_choice is."""
+    # ------------------------------------------------------------------ grammars
+    @staticmethod
+    def _compile_job(msg: TokenizeMsg):
+        """What must compile before `msg` can start: every tool's parameters (so that a bad
+        one is refused whatever tool_choice is), then the constraint; with, per item, the
+        field its errors name. None when nothing needs compiling."""
         params = msg.sampling_params
-        if params.json_schema is None and params.grammar is None and not msg.tools:
-            return None
-        from minisgl.engine.grammar import GrammarError, compile_grammar, compile_schema
-
-        def refuse(message: str, param: str) -> ErrorInfo:
-            return ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, param)
-
+        fields: list[tuple[str, str]] = []
+        items: list[tuple[str, str]] = []
         for i, tool in enumerate(msg.tools or []):
             function = tool["function"]
-            try:
-                compile_schema(json.dumps(function.get("parameters") or {"type": "object"}))
-            except GrammarError as exc:
-                return refuse(f"tools[{i}] ({function['name']}): parameters: {exc}", "tools")
-        try:
-            compile_grammar(params)
-        except GrammarError as exc:
-            # a grammar comes from the tools, a schema from response_format
-            return refuse(str(exc), "response_format" if params.json_schema else "tools")
+            fields.append(("tools", f"tools[{i}] ({function['name']}): parameters: "))
+            items.append(
+                ("json_schema", json.dumps(function.get("parameters") or {"type": "object"}))
+            )
+        if params.json_schema is not None:  # response_format
+            fields.append(("response_format", ""))
+            items.append(("json_schema", params.json_schema))
+        elif params.grammar is not None:  # built from the tools
+            fields.append(("tools", ""))
+            items.append(("lark", params.grammar))
+        return (fields, items) if items else None
+
+    def _check_size(self, msg, fields, items) -> ErrorInfo | None:
+        """Schemas and grammars larger than --grammar-max-bytes are refused uncompiled."""
+        limit = self.grammar_max_bytes
+        for (param, where), (kind, text) in zip(fields, items):
+            size = len(text.encode())
+            if size > limit:
+                what = "JSON schema" if kind == "json_schema" else "grammar of the tools"
+                message = (
+                    f"{where or param + ': '}the {what} is {size} bytes; this server compiles "
+                    f"at most {limit} (--grammar-max-bytes)"
+                )
+                return ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, param)
         return None
+
+    def _take_compiled(self, to_frontend: list[FrontendMsg]) -> list[BackendMsg]:
+        to_backend: list[BackendMsg] = []
+        for result in self.compiler.collect():
+            waiting = self._compiling.pop(result.key, None)
+            if waiting is None:
+                continue  # aborted while it compiled
+            verdict = (result.grammar, result.failed, result.error)
+            self._remember(waiting.job, verdict)
+            to_backend += self._compile_done(waiting, *verdict, to_frontend)
+        return to_backend
+
+    def _compile_done(self, waiting: _Compiling, grammar, failed, error, to_frontend) -> list:
+        uid = waiting.msg.uid
+        if error is None:
+            self._event(uid, "compiled")
+            return self._admit(waiting.msg, waiting.ids, grammar)
+        param, where = waiting.fields[failed]
+        if not where and not error.startswith("not a usable"):  # a crash or a time limit
+            where = f"{param}: could not be compiled: "
+        logger.info("uid %d: %s%s", uid, where, error)
+        info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, where + error, param)
+        return self._refuse(uid, info, to_frontend)
+
+    def _remember(self, job: tuple, verdict: tuple) -> None:
+        size = sum(len(text) for _, text in job) + len(verdict[0] or verdict[2] or "")
+        self._compiled[job] = verdict
+        self._compiled_bytes += size
+        while self._compiled and (
+            len(self._compiled) > COMPILE_CACHE_ENTRIES
+            or self._compiled_bytes > COMPILE_CACHE_BYTES
+        ):
+            old, (grammar, _, error) = self._compiled.popitem(last=False)
+            self._compiled_bytes -= sum(len(t) for _, t in old) + len(grammar or error or "")
 
     def _detokenize(
         self, run: list[DetokenizeMsg], to_backend: list[BackendMsg]
@@ -268,6 +378,9 @@ class TokenizerWorker:
 
 def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbeat=None) -> None:
     """Process entry point: serve until the parent process goes away."""
+    from minisgl.grammar import TokenTable
+    from minisgl.grammar.pool import GrammarCompiler
+    from minisgl.models.config import ModelConfig
     from minisgl.utils.heartbeat import start_beating
     from minisgl.utils.process import configure_worker_logging, parent_alive
     from minisgl.utils.zmq import PullQueue, PushQueue
@@ -278,20 +391,29 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
         tokenizer = load_tokenizer(model_dir, args.chat_template)
         if tokenizer is None:
             raise RuntimeError(f"{model_dir} has no tokenizer: the server needs one")
+        table = TokenTable.of(tokenizer, ModelConfig.from_dir(model_dir).vocab_size)
+        compiler = GrammarCompiler(table, timeout=args.grammar_compile_timeout)
         inbox = PullQueue(channels.tokenizer, TokenizerMsg)
         to_scheduler = PushQueue(channels.scheduler, BackendMsg)
         to_api = PushQueue(channels.frontend, FrontendMsg)
         worker = TokenizerWorker(
-            tokenizer, to_scheduler.put, to_api.put, timeline=args.debug_history > 0
+            tokenizer,
+            to_scheduler.put,
+            to_api.put,
+            timeline=args.debug_history > 0,
+            compiler=compiler,
+            grammar_max_bytes=args.grammar_max_bytes,
         )
     except Exception as exc:
         ready.send(("error", f"tokenizer worker failed to start: {exc}"))
         raise SystemExit(1) from exc
     ready.send(("ready", {}))
     parent = os.getppid()
-    while True:
-        msgs = inbox.get(timeout_ms=500)
-        if msgs:
-            worker.handle(msgs)
-        elif not parent_alive(parent):
-            return
+    try:
+        while True:
+            msgs = inbox.get(timeout_ms=worker.wait_ms(500), wake_on=worker.fds())
+            worker.handle(msgs)  # with nothing received, it collects compiled grammars
+            if not msgs and not parent_alive(parent):
+                return
+    finally:
+        compiler.close()

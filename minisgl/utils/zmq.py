@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -93,8 +94,9 @@ class PushQueue(Generic[T]):
         if msgs:
             self._sock.send(self._codec.encode(msgs), zmq.NOBLOCK)
 
-    def close(self) -> None:
-        self._sock.close()
+    def close(self, linger_ms: int = 0) -> None:
+        """`linger_ms`: how long frames still queued may take to go out (a process's last)."""
+        self._sock.close(linger=linger_ms)
 
 
 class PullQueue(Generic[T]):
@@ -106,11 +108,19 @@ class PullQueue(Generic[T]):
         self._addr = addr
         self._codec: Codec[T] = Codec(union)
 
-    def get(self, timeout_ms: int | None) -> list[T]:
-        """Everything waiting; when nothing is, wait up to `timeout_ms` (None: forever).
-        May return [] before the timeout when only undecodable frames arrived."""
+    def get(self, timeout_ms: int | None, wake_on: Sequence[int] = ()) -> list[T]:
+        """Everything waiting; when nothing is, wait up to `timeout_ms` (None: forever),
+        or until one of the file descriptors `wake_on` is readable. May return [] before
+        the timeout (only undecodable frames arrived, or `wake_on` woke it)."""
         msgs: list[T] = []
-        if self._sock.poll(timeout_ms):
+        if wake_on:
+            poller = zmq.Poller()
+            poller.register(self._sock, zmq.POLLIN)
+            for fd in wake_on:
+                poller.register(fd, zmq.POLLIN)
+            poller.poll(timeout_ms)
+            _take_waiting(msgs, self._sock, self._codec, self._addr)
+        elif self._sock.poll(timeout_ms):
             _take_waiting(msgs, self._sock, self._codec, self._addr)
         return msgs
 

@@ -3,7 +3,9 @@ official client gets the same greedy tokens as one rank gives, streamed or not; 
 disconnect mid-stream, an over-long prompt (400) and a normal request leave every rank's
 scheduler at zero in /debug/lifecycle, which reports each rank; and SIGKILL of rank 1 ends
 every in-flight request with an error within two seconds, after which the server exits
-non-zero and leaves no process behind."""
+non-zero and leaves no process behind; SIGSTOP of rank 1 does the same within
+--dist-timeout, while /health and /debug/lifecycle keep answering; and SIGTERM stops every
+rank with exit 0, also while one of them is stopped."""
 
 from __future__ import annotations
 
@@ -102,3 +104,54 @@ def test_sigterm_stops_every_rank(start_server):
     assert r.status_code == 200
     assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
     assert_all_gone(server, ipc)  # no rank left behind, blocked in a collective or not
+
+
+DIST_TIMEOUT = 3.0
+
+
+async def test_a_stopped_rank_ends_every_request_within_the_timeout(start_server):
+    server = start_server("llama", *TP, "--dist-timeout", str(DIST_TIMEOUT))
+    ipc = ipc_dir(server)
+    (rank1,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
+    url = chat_url(server)
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            stream = HeldStream(http, url, tokens_body(server, 230, stream=True))
+            async with contextlib.AsyncExitStack() as stack:
+                await stack.enter_async_context(stream)
+                await stream.first()
+                full = asyncio.create_task(http.post(url, json=tokens_body(server, 230)))
+                await asyncio.sleep(0.3)
+                os.kill(rank1, signal.SIGSTOP)
+                stopped = time.monotonic()
+                # while rank 0 waits for it, the server answers (503: not in step)
+                health = await http.get(f"{server.base_url}/health")
+                lifecycle = await http.get(f"{server.base_url}/debug/lifecycle")
+                raw = await asyncio.wait_for(stream.rest(), DIST_TIMEOUT + 30)
+                r = await asyncio.wait_for(full, DIST_TIMEOUT + 30)
+            assert health.status_code in (200, 503) and lifecycle.status_code in (200, 503)
+            assert stream.ended_at - stopped < DIST_TIMEOUT + 10
+            assert b'"finish_reason":"length"' not in raw
+            if raw.endswith(SSE_DONE):
+                assert_error_event_then_done(raw, "backend_unavailable")
+            assert r.status_code == 503, r.text
+            assert "did not answer" in r.json()["error"]["message"] or "died" in r.text
+        rc = await asyncio.to_thread(server.proc.wait, 30)
+        assert rc != 0, server.log()[-3000:]
+        assert_all_gone(server, ipc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank1, signal.SIGKILL)
+
+
+def test_sigterm_stops_every_rank_also_while_one_is_stopped(start_server):
+    server = start_server("llama", *TP, "--dist-timeout", str(DIST_TIMEOUT))
+    ipc = ipc_dir(server)
+    (rank1,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
+    os.kill(rank1, signal.SIGSTOP)
+    try:
+        assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
+        assert_all_gone(server, ipc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank1, signal.SIGKILL)

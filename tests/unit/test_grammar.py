@@ -118,3 +118,17 @@ def test_a_bad_schema_is_an_error_naming_json_schema(bad, tiny_dirs) -> None:
     (out,) = llm.generate([PROMPTS[0]], SamplingParams(json_schema=bad, max_tokens=4))
     assert out.error is not None and "JSON schema" in out.error
     assert llm.scheduler.state()["grammar_matchers"] == 0
+
+
+def test_a_schema_that_crashes_the_grammar_library_fails_only_its_request(tiny_dirs) -> None:
+    # llguidance 1.x segfaults on this one; it compiles in a process of its own
+    crashing = {"type": "integer", "minimum": -9223372036854775807, "maximum": -9223372036854775807}
+    crashing["x-guidance"] = {"whitespace_flexible": False}
+    with LLM(str(tiny_dirs["llama"]), device="cpu", page_size=4) as llm:
+        bad, good = llm.generate(
+            [PROMPTS[0], PROMPTS[1]],
+            [_params(crashing), _params(SCHEMAS[1], temperature=1.0, seed=1)],
+        )
+        assert bad.error is not None and "crashed (signal SIGSEGV)" in bad.error, bad.error
+        assert bad.error.startswith("json_schema")
+        _check(llm, [good], [SCHEMAS[1]])

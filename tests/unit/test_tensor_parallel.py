@@ -103,3 +103,60 @@ def test_two_gpus_over_nccl_give_one_gpu_s_greedy_tokens(checkpoints):
         assert [o.token_ids for o in two.generate(PROMPTS, params)] == want
     finally:
         two.close()
+
+
+def test_a_dropped_llm_releases_its_ranks_and_the_next_one_works(checkpoints, references):
+    params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
+    first = LLM(str(checkpoints["llama"]), device="cpu", page_size=4, tp_size=2)
+    (follower,) = first._followers
+    assert [o.token_ids for o in first.generate(PROMPTS[:2], params)] == references["llama"][:2]
+    del first  # no close(): its finalizer stops the other rank
+    follower.join(30)
+    assert not follower.is_alive()
+    second = LLM(str(checkpoints["llama"]), device="cpu", page_size=4, tp_size=2)
+    try:
+        assert [o.token_ids for o in second.generate(PROMPTS, params)] == references["llama"]
+    finally:
+        second.close()
+
+
+def test_a_second_open_tensor_parallel_llm_is_a_clear_error_and_with_releases(checkpoints):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    with LLM(str(checkpoints["qwen2"]), device="cpu", page_size=4, tp_size=2) as llm:
+        (follower,) = llm._followers
+        with pytest.raises(RuntimeError, match="another LLM with tp_size > 1 is open"):
+            LLM(str(checkpoints["qwen2"]), device="cpu", page_size=4, tp_size=2)
+        assert len(llm.generate([PROMPTS[1]], params)[0].token_ids) == 4  # unharmed
+    follower.join(30)
+    assert not follower.is_alive() and follower.exitcode == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.generate([PROMPTS[1]], params)
+
+
+def test_a_stopped_rank_ends_every_request_with_an_error_within_the_timeout(checkpoints):
+    import os
+    import signal
+    import time
+
+    timeout = 3.0
+    llm = LLM(str(checkpoints["llama"]), device="cpu", page_size=4, tp_size=2, dist_timeout=timeout)
+    (follower,) = llm._followers
+    params = SamplingParams(max_tokens=200, ignore_eos=True)
+    stopped = None
+    try:
+        for i, event in enumerate(llm.stream(PROMPTS[1:4], params)):
+            if i == 3:
+                os.kill(follower.pid, signal.SIGSTOP)
+                stopped = time.monotonic()
+            last = event
+        ended = time.monotonic()
+        assert stopped is not None and ended - stopped < timeout + 20, ended - stopped
+        assert last.output.error is not None and "did not answer" in last.output.error
+        with pytest.raises(RuntimeError, match="did not answer"):
+            llm.generate([PROMPTS[1]], params)  # closed: the ranks are out of step
+        follower.join(10)
+        assert not follower.is_alive()  # killed, stopped as it was
+    finally:
+        if follower.is_alive():
+            os.kill(follower.pid, signal.SIGKILL)
+        llm.close()

@@ -96,7 +96,7 @@ def test_text_prompt_creates_decode_state_and_sends_user_msg_with_its_ids(tokeni
     assert rec.frontend == []
     assert list(_states(worker)) == [1]
     assert _states(worker)[1].prompt_tokens == len(msg.input_ids)
-    assert worker.state() == {"decode_states": 1}
+    assert worker.state() == {"decode_states": 1, "grammar_compiles": 0}
 
 
 def test_chat_messages_go_through_the_template_with_the_generation_prompt(tokenizer) -> None:
@@ -206,7 +206,7 @@ def test_abort_removes_the_decode_state_and_forwards_abort_backend(tokenizer) ->
     assert rec.backend == [AbortBackendMsg(10)]
     assert rec.frontend == []  # the API server already forgot the uid: no reply
     assert _states(worker) == {}
-    assert worker.state() == {"decode_states": 0}
+    assert worker.state() == {"decode_states": 0, "grammar_compiles": 0}
 
 
 def test_abort_of_an_unknown_uid_is_still_forwarded_and_creates_nothing(tokenizer) -> None:
@@ -354,7 +354,7 @@ def test_lifecycle_query_round_trip_reports_the_tokenizer_own_count(tokenizer) -
     worker.handle([SchedulerStateMsg(77, sched_state)])
     (msg,) = rec.frontend
     assert isinstance(msg, LifecycleStateMsg) and msg.query_id == 77
-    assert msg.tokenizer == {"decode_states": 2}
+    assert msg.tokenizer == {"decode_states": 2, "grammar_compiles": 0}
     assert msg.scheduler == sched_state
     assert rec.backend == []
 
@@ -379,7 +379,7 @@ def test_lifecycle_state_counts_zero_after_every_request_ended(tokenizer) -> Non
     rec.clear()
     worker.handle([SchedulerStateMsg(1, {})])
     (msg,) = rec.frontend
-    assert msg.tokenizer == {"decode_states": 0}
+    assert msg.tokenizer == {"decode_states": 0, "grammar_compiles": 0}
 
 
 # ------------------------------------------------------------------ ordering

@@ -141,12 +141,13 @@ def test_closing_schemas_leaves_what_they_say_and_their_values_alone():
 @pytest.fixture(scope="module")
 def matchers(tiny_dirs):
     from minisgl.engine.grammar import Grammars
+    from minisgl.grammar import compile_item
 
     tokenizer = load_tokenizer(tiny_dirs["llama"])
     grammars = Grammars(tiny_dirs["llama"], len(tokenizer))
 
     def accepts(calling: ToolCalling, text: str) -> bool:
-        matcher = grammars.matcher(SamplingParams(grammar=calling.grammar()))
+        matcher = grammars.build(compile_item("lark", calling.grammar())).result()
         ids = tokenizer.encode(text, add_special_tokens=False)
         return matcher.consume_tokens(ids) and matcher.is_accepting()
 

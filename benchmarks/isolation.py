@@ -1,0 +1,153 @@
+"""Isolation: what one heavy request costs the other clients of a running server.
+
+While one client's heavy request is in flight, another client sends short streamed chat
+requests one after another; the figure is their time to first token during that, against
+the same requests on the idle server measured in the same run (ratio, median and worst),
+and the worst gap between tokens of a stream that was already running.
+
+Scenarios (`--scenario`):
+- `schema`: a JSON schema that takes the grammar library seconds to compile (an enum of
+  `--enum-objects` distinct objects), which compiles in a compile process of its own until
+  `--grammar-compile-timeout` ends it (a 400). The other requests are measured from when
+  the tokenizer worker reports the compile under way (`grammar_compiles` in
+  /debug/lifecycle), so the parse of the heavy body itself is not counted.
+
+    python benchmarks/isolation.py                       # the embedded model, on the CPU
+    python benchmarks/isolation.py --samples 20 --out isolation.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+
+import httpx
+from common import write_json
+
+from minisgl.testing.server import RunningServer
+
+
+def ttft(http: httpx.Client, url: str, model: str) -> float:
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 2,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    with http.stream("POST", url, json=body) as r:
+        for line in r.iter_lines():
+            if '"content"' in line or '"finish_reason":"' in line:
+                return time.perf_counter() - start
+    raise RuntimeError(f"no output: {r.status_code}")
+
+
+def stream_gaps(http: httpx.Client, url: str, model: str, gaps: list, stop: threading.Event):
+    """A long stream running throughout; the gaps between its chunks, appended as they come."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Tell a long story."}],
+        "max_tokens": 4000,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    with http.stream("POST", url, json=body) as r:
+        last = time.perf_counter()
+        for _ in r.iter_lines():
+            now = time.perf_counter()
+            gaps.append((now, now - last))
+            last = now
+            if stop.is_set():
+                return
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
+    p.add_argument("--scenario", choices=["schema"], default="schema")
+    p.add_argument("--samples", type=int, default=10, help="short requests per phase")
+    p.add_argument("--enum-objects", type=int, default=40_000)
+    p.add_argument("--grammar-compile-timeout", type=float, default=5.0)
+    p.add_argument("--out", help="write the figures as JSON here")
+    args = p.parse_args()
+
+    flags = ["--grammar-compile-timeout", str(args.grammar_compile_timeout)]
+    flags += ["--grammar-max-bytes", str(4 << 20), "--max-body-bytes", str(8 << 20)]
+    server = RunningServer(args.model, *flags)
+    url = f"{server.base_url}/v1/chat/completions"
+    try:
+        with httpx.Client(timeout=120) as http:
+            for _ in range(3):
+                ttft(http, url, server.model_name)  # warm
+            idle = [ttft(http, url, server.model_name) for _ in range(args.samples)]
+
+            gaps: list[tuple[float, float]] = []
+            stop = threading.Event()
+            story = threading.Thread(
+                target=stream_gaps, args=(http, url, server.model_name, gaps, stop)
+            )
+            story.start()
+            time.sleep(2.0)
+            schema = {"enum": [{"k": f"v{i:06d}", "n": i} for i in range(args.enum_objects)]}
+            heavy_body = {
+                "model": server.model_name,
+                "messages": [{"role": "user", "content": "Pick one."}],
+                "max_tokens": 8,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "pick", "schema": schema},
+                },
+            }
+            heavy: dict = {}
+
+            def send_heavy() -> None:
+                start = time.perf_counter()
+                heavy["status"] = http.post(url, json=heavy_body).status_code
+                heavy["seconds"] = time.perf_counter() - start
+
+            sender = threading.Thread(target=send_heavy)
+            sender.start()
+            while server.lifecycle()["tokenizer"]["grammar_compiles"] == 0:
+                if not sender.is_alive():
+                    raise RuntimeError(f"the heavy request ended before compiling: {heavy}")
+                time.sleep(0.01)
+            began = time.perf_counter()
+            during = []
+            while sender.is_alive() and len(during) < args.samples:
+                took = ttft(http, url, server.model_name)
+                if sender.is_alive():
+                    during.append(took)
+            sender.join()
+            ended = time.perf_counter()
+            stop.set()
+            story.join()
+    finally:
+        server.stop()
+
+    window = [gap for t, gap in gaps if began <= t <= ended + 0.5]
+    before = [gap for t, gap in gaps if t < began]
+    record = {
+        "scenario": args.scenario,
+        "heavy": {**heavy, "bytes": len(json.dumps(heavy_body))},
+        "ttft_idle_median_s": statistics.median(idle),
+        "ttft_during_median_s": statistics.median(during) if during else None,
+        "ttft_during_max_s": max(during) if during else None,
+        "ttft_ratio_median": statistics.median(during) / statistics.median(idle)
+        if during
+        else None,
+        "samples_during": len(during),
+        "stream_gap_max_before_s": max(before) if before else None,
+        "stream_gap_max_during_s": max(window) if window else None,
+    }
+    print(json.dumps(record, indent=2))
+    if args.out:
+        write_json(args.out, record)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
