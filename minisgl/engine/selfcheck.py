@@ -42,7 +42,7 @@ import torch
 
 from minisgl.attention import AttentionContext, ForwardInfo
 from minisgl.attention.check import TOLERANCE, CheckResult, check_attention, first_line
-from minisgl.distributed import broadcast_object, gather_objects
+from minisgl.distributed import STARTUP_TIMEOUT_S, barrier, broadcast_object, gather_objects
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -72,6 +72,7 @@ class SelfCheck:
         self.results: list[CheckResult] = []
         self.seconds = 0.0
         self._overlap: bool | None = None  # the overlap check's verdict, once asked
+        self._rounds = 0  # verdicts agreed between the ranks so far
 
     # ------------------------------------------------------------------ start-up
     def at_startup(self) -> None:
@@ -148,6 +149,10 @@ class SelfCheck:
         tp = self.engine.tp
         if tp.size == 1:
             return failures
+        # the ranks may be seconds apart (a kernel compiles slower on one): meet first, with
+        # the start-up bound, then gather within the collectives' own
+        self._rounds += 1
+        barrier(f"self-check/{self._rounds}", STARTUP_TIMEOUT_S)
         gathered = gather_objects(failures)
         if tp.leader:
             failures = [f"rank {i}: {f}" for i, fs in enumerate(gathered) for f in fs]
