@@ -16,7 +16,6 @@ Triton kernels run in Triton's interpreter, at shorter lengths and smaller batch
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import platform
@@ -44,17 +43,20 @@ ENGINE_MODEL = {
 
 def environment(device: torch.device) -> dict:
     """The device, the driver and the versions that decide whether the fast path works."""
-    triton_version = None
-    if importlib.util.find_spec("triton") is not None:
+    triton_version = triton_error = None
+    try:
         import triton
 
         triton_version = triton.__version__
+    except Exception as exc:  # not installed, or installed and broken: say which
+        triton_error = f"{type(exc).__name__}: {exc}"
     env = {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,  # what torch was built against
         "triton": triton_version,
+        "triton_error": triton_error,  # why it could not be imported
         "triton_interpreter": os.environ.get("TRITON_INTERPRET") == "1",
         "device": {"type": device.type},
     }
@@ -144,7 +146,8 @@ def run_all(device: torch.device, env: dict, progress: Callable | None = None) -
     triton_ok = env["triton"] is not None
     skip_triton: set[str] = set()
     if not triton_ok:
-        skip("triton", "triton is not installed: only the torch attention backend was checked")
+        skip("triton", f"triton is not installed or cannot be imported ({env['triton_error']}): "
+             "only the torch attention backend was checked")  # fmt: skip
     elif not cuda:
         skip(
             "triton on a GPU",
@@ -173,7 +176,7 @@ def run_all(device: torch.device, env: dict, progress: Callable | None = None) -
             progress(checks)
     if cuda:
         torch.cuda.empty_cache()
-    checks += engine_checks(device, skip_triton, skip, progress, checks)
+    checks += engine_checks(device, triton_ok, skip_triton, skip, progress, checks)
     if not cuda:
         skip("cuda_graph capture", "no CUDA device: the decode graph buffers were run eagerly")
         skip("overlap on a GPU", "no CUDA device: a CPU step completes when it is launched, so "
@@ -188,8 +191,11 @@ def _entry(group: str, result) -> dict:
     return entry
 
 
-def engine_checks(device, skip_triton: set[str], skip, progress, done: list[dict]) -> list[dict]:
-    """The start-up self-check of an engine over a small random model, per dtype."""
+def engine_checks(
+    device, triton_ok: bool, skip_triton: set[str], skip, progress, done: list[dict]
+) -> list[dict]:
+    """The start-up self-check of an engine over a small random model, per dtype (with the
+    Triton backend wherever triton is installed, as on a GPU)."""
     try:
         from minisgl.engine.config import EngineConfig
         from minisgl.engine.engine import Engine
@@ -213,7 +219,7 @@ def engine_checks(device, skip_triton: set[str], skip, progress, done: list[dict
                 model=str(model_dir), device=device.type, dtype=dtype_name, dummy_weights=True,
                 page_size=16 if cuda else 4, num_pages=4096 if cuda else 64,
                 max_running_requests=256 if cuda else 4, max_seq_len=2048 if cuda else 64,
-                attention_backend="auto" if cuda else "triton",
+                attention_backend="triton" if triton_ok else "torch",
             )  # fmt: skip
             try:
                 engine = Engine(config)

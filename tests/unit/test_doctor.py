@@ -3,8 +3,9 @@ it needs none of the server's dependencies.
 
 The whole doctor runs once in a subprocess in which FastAPI, uvicorn, pydantic, starlette
 and pyzmq cannot be imported (what the GPU machine of benchmarks/gpu_check.sh lacks), with
-the Triton kernels in Triton's interpreter. A second, in-process run at one shape with a
-fault injected into the engine's Triton backend must fail, exit 1 and name the check.
+the Triton kernels in Triton's interpreter; once more without triton, where it checks the
+torch backend and says what it could not. An in-process run at one shape with a fault
+injected into the engine's Triton backend must fail, exit 1 and name the check.
 """
 
 from __future__ import annotations
@@ -21,30 +22,35 @@ pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_ONLY = ("fastapi", "uvicorn", "pydantic", "starlette", "zmq")
-# run `python -m minisgl doctor ARGS` with the server's dependencies made unimportable
-RUN_WITHOUT_SERVER_DEPS = f"""
+
+
+def _doctor(*args: str, unimportable=SERVER_ONLY) -> tuple[int, dict, str]:
+    """`python -m minisgl doctor ARGS` in a subprocess where `unimportable` cannot be
+    imported; (exit status, its JSON, its stderr)."""
+    prelude = f"""
 import importlib.abc, runpy, sys
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name.split(".")[0] in {SERVER_ONLY!r}:
+        if name.split(".")[0] in {tuple(unimportable)!r}:
             raise ImportError(f"{{name}} is not installed on this machine")
 sys.meta_path.insert(0, Block())
 sys.argv = ["minisgl", *sys.argv[1:]]
 runpy.run_module("minisgl", run_name="__main__", alter_sys=True)
 """
+    # one torch thread: two threads spin-waiting on a shared two-core machine run many
+    # times slower, and no figure of these runs is asserted
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("MINISGL_INJECT_FAULTS", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude, "doctor", "--json", *args],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900,
+    )  # fmt: skip
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
 
 
 @pytest.fixture(scope="module")
 def doctor_run() -> tuple[int, dict, str]:
-    # one torch thread: two threads spin-waiting on a shared two-core machine run many
-    # times slower, and no figure of this run is asserted
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("MINISGL_INJECT_FAULTS", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", RUN_WITHOUT_SERVER_DEPS, "doctor", "--json", "--probe-seconds", "1"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=900,
-    )  # fmt: skip
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
+    return _doctor("--probe-seconds", "1")
 
 
 def test_doctor_json_has_the_fixed_shape_and_every_shape_passes(doctor_run) -> None:
@@ -98,6 +104,17 @@ def test_doctor_measures_prefill_and_decode_throughput(doctor_run) -> None:
     assert t["model"].startswith("SmolLM2-135M shape")
     assert t["prefill"]["tokens_per_s"] > 0 and t["prefill"]["steps"] >= 1
     assert t["decode"]["tokens_per_s"] > 0 and t["decode"]["ms_per_step"] > 0
+
+
+def test_without_triton_doctor_checks_the_torch_path_and_says_so() -> None:
+    rc, doc, stderr = _doctor("--probe-seconds", "0", unimportable=(*SERVER_ONLY, "triton"))
+    assert rc == 0, stderr[-3000:]
+    assert doc["environment"]["triton"] is None
+    assert {c["part"] for c in doc["checks"]} == {"torch", "overlap"}
+    assert len({c["group"] for c in doc["checks"]}) == 2 * 2 * 3 * 2 + 2  # grid + 2 engines
+    skipped = {n["name"]: n["reason"] for n in doc["not_checked"]}
+    assert "triton is not installed or cannot be imported" in skipped["triton"]
+    assert skipped["throughput"] == "--probe-seconds 0"
 
 
 def test_a_fault_makes_doctor_fail_and_name_it(monkeypatch, capsys) -> None:
