@@ -6,6 +6,11 @@ the same requests on the idle server measured in the same run (ratio, median and
 and the worst gap between tokens of a stream that was already running.
 
 Scenarios (`--scenario`):
+- `long-prompt`: a prompt of `--prompt-tokens` tokens (about), which on a CPU is paced into
+  chunks of about --prefill-step-seconds while others decode; `--server-arg=
+  --prefill-step-seconds=0` measures it unpaced, for the ratio.
+- `huge-prompt`: 3.9 MB of prompt text, more than the context can hold: refused before it
+  is tokenized.
 - `schema`: a JSON schema that takes the grammar library seconds to compile (an enum of
   `--enum-objects` distinct objects), which compiles in a compile process of its own until
   `--grammar-compile-timeout` ends it (a 400). The other requests are measured from when
@@ -65,10 +70,31 @@ def stream_gaps(http: httpx.Client, url: str, model: str, gaps: list, stop: thre
                 return
 
 
+def _heavy_body(args, model: str) -> dict:
+    if args.scenario == "long-prompt":
+        words = " ".join(f"word{i % 97}" for i in range(args.prompt_tokens // 2))
+        return {"model": model, "messages": [{"role": "user", "content": words}], "max_tokens": 1}
+    if args.scenario == "huge-prompt":
+        text = "x" * 3_900_000
+        return {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+    schema = {"enum": [{"k": f"v{i:06d}", "n": i} for i in range(args.enum_objects)]}
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": "Pick one."}],
+        "max_tokens": 8,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "pick", "schema": schema},
+        },
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
-    p.add_argument("--scenario", choices=["schema"], default="schema")
+    p.add_argument("--scenario", choices=["long-prompt", "huge-prompt", "schema"], default="schema")
+    p.add_argument("--prompt-tokens", type=int, default=3000)
+    p.add_argument("--server-arg", action="append", default=[], help="one more flag for the server")
     p.add_argument("--samples", type=int, default=10, help="short requests per phase")
     p.add_argument("--enum-objects", type=int, default=40_000)
     p.add_argument("--grammar-compile-timeout", type=float, default=5.0)
@@ -77,6 +103,7 @@ def main() -> int:
 
     flags = ["--grammar-compile-timeout", str(args.grammar_compile_timeout)]
     flags += ["--grammar-max-bytes", str(4 << 20), "--max-body-bytes", str(8 << 20)]
+    flags += [a for arg in args.server_arg for a in arg.split("=", 1)]
     server = RunningServer(args.model, *flags)
     url = f"{server.base_url}/v1/chat/completions"
     try:
@@ -92,16 +119,7 @@ def main() -> int:
             )
             story.start()
             time.sleep(2.0)
-            schema = {"enum": [{"k": f"v{i:06d}", "n": i} for i in range(args.enum_objects)]}
-            heavy_body = {
-                "model": server.model_name,
-                "messages": [{"role": "user", "content": "Pick one."}],
-                "max_tokens": 8,
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "pick", "schema": schema},
-                },
-            }
+            heavy_body = _heavy_body(args, server.model_name)
             heavy: dict = {}
 
             def send_heavy() -> None:
@@ -111,7 +129,10 @@ def main() -> int:
 
             sender = threading.Thread(target=send_heavy)
             sender.start()
-            while server.lifecycle()["tokenizer"]["grammar_compiles"] == 0:
+            while (
+                args.scenario == "schema"
+                and not server.lifecycle()["tokenizer"]["grammar_compiles"]
+            ):
                 if not sender.is_alive():
                     raise RuntimeError(f"the heavy request ended before compiling: {heavy}")
                 time.sleep(0.01)

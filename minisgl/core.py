@@ -61,10 +61,16 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides (or multiplies) logits of seen tokens
     logit_bias: dict[int, float] = field(default_factory=dict)
     logprobs: int | None = None  # None: none; k >= 0: the sampled token's and k alternatives
+    # None: none; k >= 0: each prompt token's logprob given the tokens before it (the first
+    # has none) and k alternatives, computed in the prefill (completions' echo + logprobs)
+    prompt_logprobs: int | None = None
     # the output is one JSON value valid against this JSON schema (given as JSON text)
     json_schema: str | None = None
     # or: the output follows this grammar, in llguidance's Lark syntax (forced tool calls)
     grammar: str | None = None
+    # not sampling, but per request all the same: requests share cached prefix pages only
+    # when their salts are equal (vLLM's `cache_salt`); None is the salt of the unsalted
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if self.json_schema is not None or self.grammar is not None:
@@ -86,7 +92,8 @@ class SamplingParams:
     def validate(self) -> tuple[str, str] | None:
         """Return (parameter, message) for a value no request may carry, else None."""
         checks = [
-            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1"),
+            # 0: nothing is generated; the prompt is only prefilled (and scored)
+            (self.max_tokens is None or self.max_tokens >= 0, "max_tokens", "must not be negative"),
             (self.temperature >= 0.0, "temperature", "must be non-negative"),  # NaN fails too
             (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
             (self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (off) or at least 1"),
@@ -126,11 +133,28 @@ class SamplingParams:
                 "logprobs",
                 f"must be between 0 and {MAX_LOGPROBS}",
             ),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
+                f"must be between 0 and {MAX_LOGPROBS}",
+            ),
         ]
         for ok, param, rule in checks:
             if not ok:
                 return param, f"{param} {rule}, got {getattr(self, param)!r}"
         return None
+
+
+@dataclass
+class PromptScores:
+    """The prompt logprobs of a sequence while it is prefilled. Position p scores prompt
+    token p + 1 (given tokens 0..p), so positions 0..prompt_len - 2 are scored, chunk by
+    chunk, in the steps that compute them. `launched`: positions a launched step scores
+    (moved at launch, like cached_len, so a recomputed chunk never scores one twice);
+    `values`: one TokenLogprob per position, as the steps' results are read."""
+
+    launched: int = 0
+    values: list[Any] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -155,6 +179,8 @@ class Req:
     # reported with its first token
     cached_tokens: int = 0
     matcher: Any = None  # grammar state (engine/grammar.py) when the output is constrained
+    # prompt logprobs being computed (asked for and not yet sent with the first reply)
+    prompt_scores: PromptScores | None = None
     reported_len: int = 0  # output tokens already counted in a timeline's decode events
     finish_reason: FinishReason | None = None
     ended: bool = False  # finished or aborted: a launched step's token for it is dropped
@@ -181,6 +207,13 @@ class Req:
     @property
     def uncached_len(self) -> int:
         return self.seq_len - self.cached_len
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Prompt positions are still to be scored: a cached prefix would skip them (a
+        cached page holds K/V, not logits), so such a sequence takes none."""
+        s = self.prompt_scores
+        return s is not None and s.launched < self.prompt_len - 1
 
     @cached_property
     def stop_token_set(self) -> frozenset[int]:
@@ -231,17 +264,30 @@ class Batch:
     caller may say that the first `decodes` requests are decodes (one token each, which
     always samples): the scheduler knows, and that saves a pass over them every step."""
 
-    __slots__ = ("reqs", "decodes", "is_decode", "sampling_rows", "sampling_reqs")
+    __slots__ = ("reqs", "decodes", "is_decode", "sampling_rows", "sampling_reqs", "scoring")
 
     def __init__(self, reqs: list[Req], decodes: int = 0) -> None:
         self.reqs, self.decodes = reqs, decodes
         rest = reqs[decodes:]
         self.is_decode = all(r.extend_len == 1 for r in rest)
         # indices into reqs of the sequences that sample: their step ends where their known
-        # tokens (the pending one included) end
+        # tokens (the pending one included) end, and they may still grow (max_tokens 0
+        # only prefills)
         self.sampling_rows = list(range(decodes)) + [
             i
             for i, r in enumerate(rest, decodes)
-            if r.cached_len + r.extend_len == len(r.token_ids) + r.num_pending
+            if r.cached_len + r.extend_len == (n := len(r.token_ids) + r.num_pending)
+            and n < r.max_len
         ]
         self.sampling_reqs = reqs[:decodes] + [reqs[i] for i in self.sampling_rows[decodes:]]
+        # prompt logprobs this step computes: (index into reqs, first position, positions,
+        # the first one's row in the step's tokens); see PromptScores
+        self.scoring: list[tuple[int, int, int, int]] = []
+        row = decodes
+        for i, r in enumerate(rest, decodes):
+            if r.prompt_scores is not None:
+                start = max(r.cached_len, r.prompt_scores.launched)
+                end = min(r.cached_len + r.extend_len, r.prompt_len - 1)
+                if start < end:
+                    self.scoring.append((i, start, end - start, row + start - r.cached_len))
+            row += r.extend_len

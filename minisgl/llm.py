@@ -7,9 +7,11 @@ themselves, `LLM(engine_config=..., scheduler_config=...)` (options then overrid
 fields). It runs the same engine and scheduler as the server, in this process, through the
 scheduler's message interface (UserMsg in, one DetokenizeMsg per step per sequence out,
 abort by uid). `generate` returns one `RequestOutput` per prompt, in order: text, token ids
-and finish reason (of each choice, when n > 1), or an error message for a prompt the
-scheduler refused. `stream` yields text as it is produced; leaving it early aborts the
-requests still running, so nothing is left in the scheduler.
+and finish reason (of each choice, when n > 1), the prompt logprobs when
+`SamplingParams(prompt_logprobs=k)` asks (`max_tokens=0` scores a prompt without
+generating), or an error message for a prompt the scheduler refused. `stream` yields text
+as it is produced; leaving it early aborts the requests still running, so nothing is left
+in the scheduler.
 
 A constrained request (`SamplingParams.json_schema` or `grammar`) is compiled in a
 grammar-compile process (minisgl/grammar/pool.py, started on the first one), so a schema
@@ -67,6 +69,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     error: str | None = None
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    # SamplingParams(prompt_logprobs=k): per prompt token, its logprob given the tokens
+    # before it and k alternatives; None for the first token, which nothing predicts
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -264,7 +269,10 @@ class LLM:
             choice = output.outputs[reply.index]
             if choice.finish_reason is not None:
                 continue  # its stop string was already seen
-            choice.token_ids.append(reply.next_token)
+            if reply.next_token is not None:  # None: it ended with its prompt (max_tokens 0)
+                choice.token_ids.append(reply.next_token)
+            if reply.prompt_logprobs is not None:
+                output.prompt_logprobs = [None, *reply.prompt_logprobs]
             output.cached_tokens = max(output.cached_tokens, reply.cached_tokens)
             if reply.logprob is not None:
                 choice.logprobs.append(reply.logprob)

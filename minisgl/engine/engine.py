@@ -41,6 +41,7 @@ from .config import EngineConfig
 from .graph import BUCKETS, DecodeGraphRunner
 from .inputs import StepInputBuilder, StepInputs
 from .sample import Sampler
+from .scoring import DevicePromptScores, score_prompts
 from .selfcheck import SelfCheck
 
 logger = logging.getLogger(__name__)
@@ -189,19 +190,24 @@ class Engine:
         return self.inputs.page_table
 
     # ------------------------------------------------------------------ step
-    def _run_model(self, batch: Batch) -> tuple[StepInputs, torch.Tensor]:
+    def _run_model(
+        self, batch: Batch
+    ) -> tuple[StepInputs, torch.Tensor, DevicePromptScores | None]:
         """Build the step's inputs and run the model: (inputs, (S, vocab) float32 logits of
-        the requests that sample)."""
+        the requests that sample, the prompt logprobs the batch asks for (scoring.py))."""
         runner = self.graph_runner
-        if runner is not None and runner.can_run(batch):
+        if runner is not None and not batch.scoring and runner.can_run(batch):
             inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
-            return inputs, runner.run(inputs)
+            return inputs, runner.run(inputs), None
         inputs = self.inputs.build(batch)
         ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
         hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
+        scores = None
+        if batch.scoring:  # prompt logprobs: from rows of the chunk that are dropped next
+            scores = score_prompts(self.model, hidden, batch, self.inputs.staging)
         if inputs.sample_rows is not None:  # the last token of each request that samples
             hidden = hidden[inputs.sample_rows]
-        return inputs, self.model.logits(hidden)
+        return inputs, self.model.logits(hidden), scores
 
     @torch.inference_mode()
     def logits(self, batch: Batch) -> torch.Tensor:
@@ -212,21 +218,21 @@ class Engine:
     @torch.inference_mode()
     def launch(self, batch: Batch) -> StepHandle:
         """Start the step; its sampled tokens are read with `.result()`."""
-        inputs, logits = self._run_model(batch)
+        inputs, logits, scores = self._run_model(batch)
         sampling = batch.sampling_reqs
         if not sampling:
-            return StepHandle(None, None, None)
+            return StepHandle(None, None, None, scores)
         args = self.sampler.prepare(sampling)
         tokens = self.sampler.sample(logits, args)
         self.inputs.record_sampled(inputs, tokens)  # the next step may read them here
         logprobs = self.sampler.logprobs_device(logits, tokens, args)  # read in result()
         if self.device.type != "cuda":
-            return StepHandle(tokens, None, logprobs)
+            return StepHandle(tokens, None, logprobs, scores)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
         host.copy_(tokens, non_blocking=True)
         done = torch.cuda.Event()
         done.record()
-        return StepHandle(host, done, logprobs)
+        return StepHandle(host, done, logprobs, scores)
 
     # --8<-- [end:launch]
 
@@ -240,21 +246,26 @@ class Engine:
 class StepOutput:
     tokens: list[int]
     logprobs: list[TokenLogprob | None] | None  # None when no sequence asked for them
+    # per entry of the batch's `scoring`: the prompt logprobs of its positions
+    prompt_logprobs: list[list[TokenLogprob]] | None = None
 
 
 class StepHandle:
     """A launched step. Its tokens are copied to `tokens` (host memory) when `done` fires;
-    the logprobs asked for are still on the device (`DeviceLogprobs`)."""
+    the logprobs asked for are still on the device (`DeviceLogprobs`, and
+    `DevicePromptScores` for prompt logprobs)."""
 
-    __slots__ = ("tokens", "done", "logprobs")
+    __slots__ = ("tokens", "done", "logprobs", "scores")
 
-    def __init__(self, tokens: torch.Tensor | None, done, logprobs) -> None:
+    def __init__(self, tokens: torch.Tensor | None, done, logprobs, scores=None) -> None:
         self.tokens, self.done, self.logprobs = tokens, done, logprobs
+        self.scores = scores
 
     def result(self) -> StepOutput:
+        scores = self.scores.to_host() if self.scores is not None else None
         if self.tokens is None:
-            return StepOutput([], None)
+            return StepOutput([], None, scores)
         if self.done is not None:
             self.done.synchronize()
         logprobs = self.logprobs.to_host() if self.logprobs is not None else None
-        return StepOutput(self.tokens.tolist(), logprobs)
+        return StepOutput(self.tokens.tolist(), logprobs, scores)

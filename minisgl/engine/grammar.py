@@ -78,7 +78,8 @@ class Grammars:
 def _new_matcher(table: Future, grammar: str):
     import llguidance
 
-    matcher = llguidance.LLMatcher(table.result(), grammar)
+    # silent: a matcher that gives up is reported by the scheduler, for its request
+    matcher = llguidance.LLMatcher(table.result(), grammar, log_level=0)
     if matcher.is_error():
         raise GrammarError(f"not a usable grammar: {matcher.get_error()}")
     return matcher
@@ -107,7 +108,16 @@ def mask(logits: torch.Tensor, rows: list[tuple[int, object]], staging: Staging)
     logits[index] = constrained
 
 
-def advance(matcher, token: int) -> None:
-    """Feed a sampled token to a sequence's matcher (the mask allowed nothing else)."""
+def advance(matcher, token: int, finished: bool) -> str | None:
+    """Feed a sampled token to a sequence's matcher (the mask allowed nothing else). Returns
+    why the output cannot satisfy its constraint, if it cannot: the grammar library gave up
+    (it has limits, such as the items in one parser row a schema of hundreds of optional
+    properties exceeds), or the sequence `finished` on a stop token before the value was
+    complete. None: all is well."""
     if not matcher.is_stopped():
         matcher.consume_token(token)
+    if matcher.is_error():
+        return matcher.get_error().splitlines()[0]
+    if finished and not matcher.is_accepting():
+        return "the output ended before the value it constrains was complete"
+    return None

@@ -134,6 +134,8 @@ class StepInputBuilder:
             seq[:B] = pos[:B] + 1
             seq[B:] = 1
             longest = max(cached, default=0) + 1
+            if S:  # one-token prefill chunks look like decodes: some of them do not sample
+                s_rows[:] = sampling
         else:
             pending = False
             ext_np, cached_np = np.array(ext), np.array(cached)

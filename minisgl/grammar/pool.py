@@ -15,8 +15,8 @@ Contract:
 - `fds()` and `wait_ms()` let the owner's event loop sleep until a process has something
   to say or a time limit falls due; `compile(items)` does it all for one job, blocking
   (offline use).
-- `close()` stops every process. A process whose owner dies sees its stdin close and
-  exits.
+- `close()` stops every process. A process whose owner dies is killed with it (Linux's
+  parent-death signal; elsewhere it exits when its stdin closes or its parent changes).
 
 A process that cannot start (it exits before it is ready) is retried with a back-off;
 meanwhile jobs fail at once, saying so, rather than wait.
@@ -64,11 +64,10 @@ class _Process:
     def __init__(self, hello: bytes) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "minisgl.grammar.worker"],
+            [sys.executable, "-m", "minisgl.grammar.worker", str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
-            start_new_session=True,  # Ctrl-C reaches the server, which stops it
         )
         self.out_fd = self.proc.stdout.fileno()
         self.in_fd = self.proc.stdin.fileno()

@@ -8,7 +8,8 @@ Contract (over its stdin and stdout, frames of a 4-byte big-endian length and ms
   `["item", job, i]` (so that a crash or a hang inside item i is blamed on item i), then
   `["done", job, grammar]` with the last item's grammar, or `["error", job, i, message]`
   for the first that fails.
-- it exits when its stdin closes (the process that started it is gone).
+- it exits when its stdin closes or the process that started it (its argument) is gone,
+  also in the middle of a compile.
 Anything it prints goes to stderr: stdout carries only frames.
 """
 
@@ -77,7 +78,34 @@ def _compiler(name: str | None):
     return getattr(importlib.import_module(module), function)
 
 
+def _die_with(parent: int) -> None:
+    """Exit when the process that started us does, even in the middle of a compile that
+    would never end: Linux kills us with it; elsewhere a thread watches."""
+    import os
+    import signal
+    import threading
+    import time
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the server to handle
+    try:
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def main() -> None:
+    if len(sys.argv) > 1:
+        _die_with(int(sys.argv[1]))
     stdin, out = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # a stray print must not corrupt the frames
     hello_data = _read(stdin)

@@ -24,6 +24,7 @@ class ErrorKind(enum.Enum):
     INVALID_TOKEN_ID = "invalid_token_id"  # outside the vocabulary; `field` names where
     INVALID_SAMPLING_VALUE = "invalid_sampling_value"  # `field` names the parameter
     UNENCODABLE_REQUEST = "unencodable_request"  # e.g. a lone surrogate in the text
+    RESPONSE_TOO_LARGE = "response_too_large"  # a whole (non-streamed) answer past the cap
     # the server's state
     OVERLOADED = "overloaded"  # too many requests in flight; retry shortly
     SHUTTING_DOWN = "shutting_down"

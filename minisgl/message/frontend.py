@@ -18,13 +18,14 @@ from .timeline import TimelineMsg
 
 
 class TokenInfo(msgspec.Struct, array_like=True):
-    """One sampled token for logprobs: its text (U+FFFD where it holds only part of a
-    character), its exact bytes, its log-probability, where its text starts in the choice's
-    output, and the top alternatives as (text, bytes, logprob)."""
+    """One sampled (or prompt) token for logprobs: its text (U+FFFD where it holds only
+    part of a character), its exact bytes, its log-probability (None for the prompt's first
+    token, which nothing predicts), where its text starts in the choice's output, and the
+    top alternatives as (text, bytes, logprob)."""
 
     token: str
     raw: bytes
-    logprob: float
+    logprob: float | None
     offset: int = 0
     top: list[tuple[str, bytes, float]] = []
 
@@ -39,8 +40,13 @@ class UserReply(msgspec.Struct, tag=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0  # tokens of this choice so far, this reply's included
     index: int = 0  # which choice
-    logprobs: list[TokenInfo] | None = None  # for this reply's token, when asked
+    logprobs: list[TokenInfo] | None = None  # for the tokens whose text this reply carries
     cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage)
+    # on a choice's first reply, when asked (echo with logprobs): one per prompt token
+    prompt_logprobs: list[TokenInfo] | None = None
+    # sent once, before any output, when the prompt ends inside an open `<think>` block:
+    # the output starts as reasoning (--reasoning-parser)
+    reasoning_open: bool = False
 
 
 # --8<-- [end:user_reply]

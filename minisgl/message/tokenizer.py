@@ -2,7 +2,8 @@
 
 From the API server: TokenizeMsg (creates the request's decode state), AbortMsg (removes
 it and is forwarded to the scheduler), LifecycleQueryMsg.
-From the scheduler: DetokenizeMsg (one sampled token; the last one carries finish_reason),
+From the scheduler: DetokenizeMsg (one sampled token; the last one carries finish_reason;
+choice 0's first carries the prompt logprobs when asked),
 BackendErrorMsg (the request ended with an error; nothing more follows for its uid),
 SchedulerStateMsg (the scheduler's answer to a state query), TimelineMsg (its events, passed
 on to the API server).
@@ -28,6 +29,13 @@ class TokenizeMsg(msgspec.Struct, tag=True):
     input_ids_packed: bytes | None = None  # a prompt given as token ids (codec.pack_ids)
     echo: bool = False  # the output starts with the prompt (completions' `echo`)
     tools: list[dict[str, Any]] | None = None  # OpenAI tool definitions for the chat template
+    # how the chat template renders `messages` (vLLM's and SGLang's request fields)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last message stays open for the model
+    chat_template_kwargs: dict[str, Any] | None = None  # more template variables
+    # the --reasoning-parser of a chat request whose output may think: the worker tells
+    # the API server when the prompt leaves the model inside the think block
+    reasoning: str | None = None
 
 
 class AbortMsg(msgspec.Struct, tag=True):
@@ -48,12 +56,15 @@ class TokenLogprob(msgspec.Struct, array_like=True):
 
 class DetokenizeMsg(msgspec.Struct, tag=True):
     uid: int
-    next_token: int
+    next_token: int | None  # None: the choice ended with its prompt (max_tokens 0)
     finish_reason: str | None = None  # "stop" or "length" on the choice's last token
     index: int = 0  # which choice of the request
     logprob: TokenLogprob | None = None  # when the request asked for logprobs
     # on a choice's first token: prompt tokens whose K/V came from the prefix cache
     cached_tokens: int = 0
+    # on choice 0's first message, when asked (prompt_logprobs): prompt token p + 1's
+    # logprob given tokens 0..p and the top alternatives, for p in 0..prompt_len - 2
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class BackendErrorMsg(msgspec.Struct, tag=True):

@@ -172,7 +172,8 @@ class CacheManager:
         if self.tree is None:
             return 0
         known = len(req.token_ids)
-        pages = self.tree.match(req.token_ids, (known - 1) // self.page_size)
+        salt = req.sampling_params.cache_salt
+        pages = self.tree.match(req.token_ids, (known - 1) // self.page_size, salt)
         for page in pages:
             self._ref(page)
         req.pages = pages
@@ -189,7 +190,7 @@ class CacheManager:
             return
         # a decode may have fed a token still pending (not in token_ids yet): not its page
         full = min(req.cached_len, len(req.token_ids)) // self.page_size
-        self.tree.insert(req.token_ids, req.pages[:full])
+        self.tree.insert(req.token_ids, req.pages[:full], req.sampling_params.cache_salt)
 
     def flush_cache(self) -> int:
         """Drop every cached page (no live sequence may hold any); returns how many."""

@@ -25,6 +25,10 @@ class SchedulerConfig:
     # on where the engine runs on CUDA; on a CPU a step runs while it is launched, so
     # overlap would only hold every token back by one step
     overlap_schedule: bool | None = None
+    # while sequences decode, prefill chunks are sized so that one step takes about this
+    # many seconds (pacing.py): on a CPU a step of max_prefill_tokens is a minute, and every
+    # stream would stop for it. None: 0.3 s on a CPU, off on CUDA; 0: off
+    prefill_step_seconds: float | None = None
     # "radix": requests that share a prefix share its KV pages (computed once, kept after
     # the request ends until the pages are needed); "none": every prompt from scratch
     prefix_cache: str = "radix"

@@ -9,7 +9,10 @@ partly prefilled stays at the front; one preempted while its last sampled token 
 on the device (overlap scheduling) waits until that token is known. With the prefix cache,
 a sequence first takes the longest cached prefix of its tokens, and one whose next page
 another sequence of the same step computes (the same prefix, arriving together) waits a
-step and then finds that page cached. `abort_req(uid)` removes a request wherever it is in
+step and then finds that page cached. A sequence that asks for prompt logprobs takes no
+cached prefix while prompt positions are left to score: a cached page holds K/V but not the
+logits the scores come from, so those positions are computed (and their pages still offered
+to the cache for others). `abort_req(uid)` removes a request wherever it is in
 the queue and returns it (all its choices), so the caller can free the slots and pages a
 partial prefill holds.
 """
@@ -68,11 +71,16 @@ class PrefillManager:
                 continue  # preempted while its last token was on the device: wait for it
             if req.table_idx < 0 and table.available == 0:
                 break
-            if not req.pages and req.cached_len == 0:  # new, or preempted and back
+            scoring = req.scores_prompt  # prompt logprobs need every position's logits
+            if not req.pages and req.cached_len == 0 and not scoring:  # new, or back
                 hit = cache.match(req)  # the longest cached prefix is not recomputed
                 if len(req.token_ids) == req.prompt_len:  # no token reported yet
                     req.cached_tokens = hit
-            if cache.tree is not None and any(_same_next_page(c, req, ps) for c in chosen):
+            if (
+                cache.tree is not None
+                and not scoring
+                and any(_same_next_page(c, req, ps) for c in chosen)
+            ):
                 # its next page is computed in this step: next step it is cached, and the
                 # sequence matches again from scratch, that page included
                 cache.release(req)
@@ -106,4 +114,9 @@ def _same_next_page(chosen: Req, req: Req, page_size: int) -> bool:
     if end > (len(req.token_ids) - 1) // page_size * page_size:
         return False  # it holds req's last token: req computes it anyway
     start, stop = chosen.cached_len, chosen.cached_len + chosen.extend_len
-    return start <= req.cached_len and stop >= end and chosen.token_ids[:end] == req.token_ids[:end]
+    return (
+        start <= req.cached_len
+        and stop >= end
+        and chosen.sampling_params.cache_salt == req.sampling_params.cache_salt
+        and chosen.token_ids[:end] == req.token_ids[:end]
+    )

@@ -13,6 +13,10 @@ pages that hold its K/V.
 - `remove(page)`: takes the page's node out with everything under it (nothing could reach
   a descendant once its prefix is gone) and returns their pages.
 - `page in tree`, `len(tree)` (nodes, i.e. pages held), `clear()`.
+- A `salt` (match and insert take one) partitions the tree: the first page's key carries
+  it, so prefixes cached under one salt are never found under another (tenants that must
+  not learn each other's prompts from `cached_tokens` or timing). None is a salt too, the
+  one requests without a salt share.
 
 It is a radix tree whose edges are whole pages: SGLang's tree splits an edge at any token,
 but only whole pages can be shared, so a page per node is all that matching can use. The
@@ -45,15 +49,16 @@ class RadixCache:
     def __contains__(self, page: int) -> bool:
         return page in self._nodes
 
-    def _key(self, tokens: Sequence[int], i: int) -> tuple[int, ...]:
-        return tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
+    def _key(self, tokens: Sequence[int], i: int, salt: str | None = None) -> tuple:
+        key = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
+        return (salt, *key) if i == 0 and salt is not None else key
 
     # --8<-- [start:match]
-    def match(self, tokens: Sequence[int], max_pages: int) -> list[int]:
+    def match(self, tokens: Sequence[int], max_pages: int, salt: str | None = None) -> list[int]:
         """The pages of the longest cached prefix of `tokens` (at most `max_pages`)."""
         node, pages = self.root, []
         for i in range(min(max_pages, len(tokens) // self.page_size)):
-            node = node.children.get(self._key(tokens, i))
+            node = node.children.get(self._key(tokens, i, salt))
             if node is None:
                 break
             pages.append(node.page)
@@ -61,13 +66,15 @@ class RadixCache:
 
     # --8<-- [end:match]
 
-    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> list[int]:
+    def insert(
+        self, tokens: Sequence[int], pages: Sequence[int], salt: str | None = None
+    ) -> list[int]:
         """Cache the prefix `tokens[:len(pages) * page_size]` held by `pages`; returns the
         pages newly held by the tree."""
         assert len(tokens) >= len(pages) * self.page_size, "a page holds a full key"
         node, added = self.root, []
         for i, page in enumerate(pages):
-            key = self._key(tokens, i)
+            key = self._key(tokens, i, salt)
             child = node.children.get(key)
             if child is None:
                 if page in self._nodes:  # a page is the K/V of one prefix: never two nodes

@@ -41,11 +41,12 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_for_futures
 from typing import Protocol
 
-from minisgl.core import Batch, Req, SamplingParams
+from minisgl.core import Batch, PromptScores, Req, SamplingParams
 from minisgl.distributed import (
     broadcast_object,
     gather_objects,
@@ -73,11 +74,14 @@ from minisgl.message import (
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .pacing import PrefillPacer
 from .prefill import PrefillManager
 from .table import TableManager
 from .timeline import SchedulerTimeline
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_CPU_STEP_SECONDS = 0.3  # SchedulerConfig.prefill_step_seconds on a CPU
 
 
 def _error(
@@ -125,6 +129,10 @@ class Scheduler:
         self.overlap = engine.device.type == "cuda" if overlap is None else overlap
         if self.overlap:  # the engine's start-up self-check may fall back to synchronous steps
             self.overlap = engine.check_overlap()
+        pace = self.config.prefill_step_seconds
+        if pace is None:  # a CPU runs a step inside its launch: it can be timed and paced
+            pace = DEFAULT_CPU_STEP_SECONDS if engine.device.type == "cpu" else 0
+        self.pacer = PrefillPacer(self.config.max_prefill_tokens, pace or None)
         self._in_flight: _Launched | None = None  # launched, results not read yet
         self._rests = 0  # rank 0: rest periods so far (the others sleep through them)
         self._resting = False
@@ -267,6 +275,7 @@ class Scheduler:
             seed=self._seed_for(params, 0),
             eos_token_ids=self.eos_token_ids,
             forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
+            prompt_scores=PromptScores() if params.prompt_logprobs is not None else None,
         )
         if constrained:  # queued once its matcher is built, off this loop (llguidance)
             self._building[req.uid] = (req, self.grammars.build(msg.grammar))
@@ -313,19 +322,19 @@ class Scheduler:
     # --8<-- [end:fork]
 
     # --8<-- [start:abort_req]
-    def abort_req(self, uid: int, index: int | None = None) -> list[Req]:
-        """Remove a request's sequences (one choice, or all) wherever they are."""
+    def abort_req(self, uid: int, index: int | None = None, how: str = "aborted") -> list[Req]:
+        """Remove a request's sequences (one choice, or all) wherever they are (`how` it
+        ended, for the timeline: "aborted", or "error")."""
         if uid in self._building:  # its matcher is still being built: it holds nothing
             req, _ = self._building.pop(uid)
             if self.timeline is not None:
-                self.timeline.ended(req, "aborted", sequences=1 + req.forks_left)
+                self.timeline.ended(req, how, sequences=1 + req.forks_left)
             return [req]
         reqs = self.prefill_manager.abort_req(uid, index)
         reqs += self.decode_manager.abort_req(uid, index)
         for req in reqs:
             if self.timeline is not None:  # one choice stopped by a stop string, or all
-                how = "aborted" if index is None else "stop"
-                self.timeline.ended(req, how, sequences=1 + req.forks_left)
+                self.timeline.ended(req, how if index is None else "stop", 1 + req.forks_left)
             req.forks_left = 0  # an aborted first choice forks no others
             req.ended = True  # a token a launched step still makes for it is dropped
             self._free_req_resources(req)
@@ -398,8 +407,7 @@ class Scheduler:
             try:
                 req.matcher = future.result()
             except GrammarError as e:
-                params = req.sampling_params
-                field = "json_schema" if params.json_schema is not None else "grammar"
+                field = _constraint_field(req.sampling_params)
                 if self.timeline is not None:
                     self.timeline.errored(uid, ErrorKind.INVALID_SAMPLING_VALUE.value)
                 info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
@@ -427,7 +435,14 @@ class Scheduler:
         self.steps += 1
         if self.timeline is not None:  # the step's start, before the forward pass
             self._record_step(batch)
+        started = time.perf_counter()
         handle = self.engine.launch(batch)
+        if self.engine.device.type == "cpu":  # the step has run: its time tells the speed
+            prefill = sum(r.extend_len for r in batch.reqs[batch.decodes :])
+            self.pacer.observe(prefill, batch.decodes, time.perf_counter() - started)
+        scoring = [batch.reqs[i] for i, _, _, _ in batch.scoring]
+        for req, (_, start, count, _) in zip(scoring, batch.scoring):
+            req.prompt_scores.launched = start + count  # never scored twice, even if recomputed
         for req in batch.reqs[: batch.decodes]:  # one token each, sampled; already running
             req.cached_len += 1
             req.extend_len = 0
@@ -441,7 +456,14 @@ class Scheduler:
             if req.forks_left:  # the request's other choices start from its pages
                 self._fork(req)
             self.decode_manager.add_req(req)  # it left the prefill manager with this chunk
-        return _Launched(sampling, handle, sampling[batch.decodes :])
+        # max_tokens 0: a prompt cached by this step with nothing to sample ends when the
+        # step is read (its prompt logprobs with it); until then it waits with the running
+        prefilled = [
+            r for r in batch.reqs[batch.decodes :] if r.cached_len == r.seq_len >= r.max_len
+        ]
+        for req in prefilled:
+            self.decode_manager.add_req(req)
+        return _Launched(sampling, handle, sampling[batch.decodes :], scoring, prefilled)
 
     def _record_step(self, batch: Batch) -> None:
         """The step's prefill chunks and its token count, in the request timelines."""
@@ -454,6 +476,9 @@ class Scheduler:
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: one reply per sequence that had not ended."""
         out = launched.handle.result()
+        for req, values in zip(launched.scoring, out.prompt_logprobs or [], strict=True):
+            if not req.ended:
+                req.prompt_scores.values += values
         logprobs = out.logprobs or [None] * len(out.tokens)
         replies: list[TokenizerMsg] = []
         for req, token, logprob in zip(launched.sampling, out.tokens, logprobs, strict=True):
@@ -461,24 +486,57 @@ class Scheduler:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
             if req.matcher is not None:
-                advance(req.matcher, token)
+                if (broken := advance(req.matcher, token, req.finish_reason == "stop")) is not None:
+                    replies.append(self._constraint_broken(req, broken))
+                    continue
             reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)
             if req.cached_tokens:  # reported once, with its first token (for usage)
                 reply.cached_tokens, req.cached_tokens = req.cached_tokens, 0
+            if req.prompt_scores is not None:  # its first token: the prompt's logprobs go too
+                reply.prompt_logprobs, req.prompt_scores = req.prompt_scores.values, None
             replies.append(reply)
             if req.finish_reason is not None:
                 self._end(req)
+        for req in launched.prefilled:
+            if not req.ended:
+                replies += self._end_prefilled(req)
         if self.timeline is not None:  # sequences that sampled from their prompt
             for req in launched.first:
                 if req.output_len:
                     self.timeline.first_token(req)
         return replies
 
+    def _constraint_broken(self, req: Req, problem: str) -> BackendErrorMsg:
+        """A constrained sequence that can no longer satisfy its constraint ends its whole
+        request with an error: output reported as finished always parses."""
+        field = _constraint_field(req.sampling_params)
+        message = (
+            f"{field}: the grammar library could not follow the constraint past output token "
+            f"{req.output_len}: {problem}"
+        )
+        logger.info("uid %d: %s", req.uid, message)
+        self.abort_req(req.uid, how="error")
+        return BackendErrorMsg(req.uid, ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, field))
+
+    def _end_prefilled(self, req: Req) -> list[TokenizerMsg]:
+        """A max_tokens 0 sequence ends with its prompt: every choice of the request at once
+        (they would all be the prompt), with no token; choice 0 carries the prompt logprobs."""
+        req.finish_reason = "length"
+        scores, req.prompt_scores = req.prompt_scores, None
+        replies: list[TokenizerMsg] = [
+            DetokenizeMsg(req.uid, None, "length", index) for index in range(1 + req.forks_left)
+        ]
+        if scores is not None:
+            replies[0].prompt_logprobs = scores.values
+        self._end(req)
+        return replies
+
     def _end(self, req: Req) -> None:
         """A finished sequence leaves whichever manager holds it and frees what it holds."""
         req.ended = True
-        if self.timeline is not None:
-            self.timeline.ended(req, req.finish_reason or "stop")
+        if self.timeline is not None:  # with the choices it never forked (max_tokens 0)
+            self.timeline.ended(req, req.finish_reason or "stop", sequences=1 + req.forks_left)
+        req.forks_left = 0
         self.cache_manager.insert(req)  # the next turn of a conversation starts with it
         if req.key in self.decode_manager.running:
             self.decode_manager.remove_req(req)
@@ -498,7 +556,7 @@ class Scheduler:
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
-            self.config.max_prefill_tokens,
+            self.pacer.budget(len(decode)),
             self.table_manager,
             self.cache_manager,
             keep_free=len(decode),
@@ -557,11 +615,25 @@ class Scheduler:
         return self.timeline.flush(running, (cache.used, cache.cached, cache.total))
 
 
+def _constraint_field(params: SamplingParams) -> str:
+    """The request field a constraint came from, as the HTTP API names it."""
+    return "response_format" if params.json_schema is not None else "tools"
+
+
 class _Launched:
     """A step launched on the device: who samples in it and the handle of its tokens."""
 
-    __slots__ = ("sampling", "handle", "first")
+    __slots__ = ("sampling", "handle", "first", "scoring", "prefilled")
 
-    def __init__(self, sampling: list[Req], handle: StepHandle, first: list[Req]) -> None:
+    def __init__(
+        self,
+        sampling: list[Req],
+        handle: StepHandle,
+        first: list[Req],
+        scoring: list[Req],
+        prefilled: list[Req],
+    ) -> None:
         self.sampling, self.handle = sampling, handle
         self.first = first  # the sequences that sample from their prompt in this step
+        self.scoring = scoring  # per entry of the batch's `scoring`: whose prompt it scores
+        self.prefilled = prefilled  # max_tokens 0: prompts cached in this step, which end

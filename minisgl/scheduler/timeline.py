@@ -107,12 +107,12 @@ class SchedulerTimeline:
 
     def ended(self, req: Req, how: str, sequences: int = 1) -> None:
         """`sequences` of `req`'s request ended (`how`: a finish reason, "stop" for a stop
-        string, or "aborted"); the last one ends the request."""
+        string, "aborted", or "error"); the last one ends the request."""
         life = self.lives.get(req.uid)
         if life is None:
             return
         life.live -= sequences
-        if how != "aborted":
+        if how not in ("aborted", "error"):
             life.reason = how
         life.unreported += req.output_len - req.reported_len
         req.reported_len = req.output_len
@@ -130,8 +130,8 @@ class SchedulerTimeline:
             if life.first_token is not None:
                 timing["prefill_s"] = life.first_token - life.first_prefill
                 timing["decode_s"] = now - life.first_token
-        if how == "aborted":
-            self._event(req.uid, "aborted", now, **timing)
+        if how in ("aborted", "error"):
+            self._event(req.uid, how, now, **timing)
         else:
             self._event(req.uid, "finished", now, reason=life.reason, **timing)
 

@@ -5,10 +5,12 @@ response object (response.py) that owns the request's lifecycle. No route runs m
 or blocks the event loop. Every error is an OpenAI-style body
 `{"error": {"message", "type", "param", "code"}}` with a real HTTP status.
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics, GET /debug/lifecycle, GET /debug/requests (request timelines), GET /debug
-(the live page), POST /debug/flush_cache (admin: empties the prefix cache when idle). In
-front of them: X-Request-Id, the API key check and the request body limit (middleware.py).
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses (the Responses
+API, translated to the chat path: responses.py, responses_format.py), GET /v1/models, GET
+/v1/models/{id} (the model card, with `max_model_len`), GET /health, GET /metrics, GET
+/debug/lifecycle, GET /debug/requests (request timelines), GET /debug (the live page),
+POST /debug/flush_cache (admin: empties the prefix cache when idle). In front of them:
+X-Request-Id, the API key check and the request body limit (middleware.py).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import HTMLResponse, Response
 
+from minisgl.core import SamplingParams
 from minisgl.message import ErrorKind, TokenizeMsg, pack_ids
 
 from .args import ServerArgs
@@ -38,9 +41,12 @@ from .middleware import (
     BodyLimitMiddleware,
     RequestIdMiddleware,
     request_id_var,
+    tenant_var,
 )
 from .protocol import MESSAGE_ROLES, ChatCompletionRequest, CompletionRequest, ParamError
 from .response import FullResponse, Job, StreamResponse
+from .responses import ResponsesRequest
+from .responses_format import ResponsesFormat
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +68,10 @@ def _validation_error(exc: RequestValidationError) -> HttpError:
     param = ".".join(loc) or None
     if first.get("type") == "json_invalid":
         return HttpError(400, f"the request body is not valid JSON: {first.get('msg')}")
+    if first.get("type") == "unsupported_content_part":  # names the part: messages[0].content[1]
+        where = f"{loc[0]}[{loc[1]}].content[{first['ctx']['j']}]" if len(loc) > 1 else "content"
+        message = str(first.get("msg")).split(": ", 1)[1]
+        return HttpError(400, f"{where}: {message}", code="invalid_value", param=where)
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, ParamError):  # a cross-field check: it names its parameter
         return HttpError(400, str(cause), code="invalid_value", param=cause.param)
@@ -95,13 +105,16 @@ def create_app(
     model_name: str,
     connect: Callable[[ServerMetrics], FrontendManager],
     on_start: Callable[[FrontendManager], None] | None = None,
+    max_model_len: int | None = None,
     degraded: dict[str, str] | None = None,
 ) -> FastAPI:
     """`connect` builds the FrontendManager inside the server's event loop; `on_start`
-    lets the launcher watch its worker processes; `degraded` names each part of the CUDA
-    fast path the engine's start-up self-check fell back from, with the reason."""
+    lets the launcher watch its worker processes; `max_model_len` (the context length the
+    scheduler serves) goes on the model card; `degraded` names each part of the CUDA fast
+    path the engine's start-up self-check fell back from, with the reason."""
     metrics = ServerMetrics()
     metrics.set_fallbacks(degraded or {})
+    created = int(time.time())  # the model card's: when this server started serving it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -153,39 +166,76 @@ def create_app(
         message = f"the model {model!r} does not exist; this server serves {model_name!r}"
         return HttpError(404, message, code="model_not_found", param="model").response()
 
+    def salted(params: SamplingParams) -> SamplingParams:
+        """--cache-salt-per-key: the API key the request came with joins its cache salt, so
+        tenants with different keys never share cached prefix pages."""
+        tenant = tenant_var.get()
+        if args.cache_salt_per_key and tenant is not None:
+            params.cache_salt = f"{tenant}:{params.cache_salt or ''}"
+        return params
+
     def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
         if req.user is not None:
             logger.info("request %s: user %r", request_id_var.get(), req.user)
         return (StreamResponse if req.stream else FullResponse)(frontend(), job)
 
     # --8<-- [start:chat_route]
-    @app.post("/v1/chat/completions")
-    async def v1_chat_completions(req: ChatCompletionRequest):
-        if (refusal := unknown_model(req.model)) is not None:
-            return refusal
-        params = req.sampling_params()
+    def chat_job(req: ChatCompletionRequest, fmt: ChatFormat) -> Job:
+        """How a chat request is served, in the wire format `fmt` (chat, or responses)."""
+        params = salted(req.sampling_params())
         messages = [m.as_template_input() for m in req.messages]
         tools = req.template_tools()
+        # a constrained output (forced calls, JSON) is all answer: it has no think block
+        free = params.grammar is None and params.json_schema is None
+        reasoning = args.reasoning_parser if free else None
 
         def make_msg(uid: int) -> TokenizeMsg:
-            return TokenizeMsg(uid, params, messages=messages, tools=tools)
+            return TokenizeMsg(
+                uid,
+                params,
+                messages=messages,
+                tools=tools,
+                add_generation_prompt=req.generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.template_kwargs(),
+                reasoning=reasoning,
+            )
 
-        job = Job(
+        fmt.reasoning = reasoning is not None  # its think block is read out of the answer
+        return Job(
             make_msgs=[make_msg],
-            fmt=ChatFormat(model_name, params.n, req.tool_calling()),
+            fmt=fmt,
             n=params.n,
             logprobs=req.logprobs,
             include_usage=req.include_usage,
         )
-        return respond(req, job)
+
+    @app.post("/v1/chat/completions")
+    async def v1_chat_completions(req: ChatCompletionRequest):
+        if (refusal := unknown_model(req.model)) is not None:
+            return refusal
+        fmt = ChatFormat(
+            model_name, req.n, req.tool_calling(), continuous_usage=req.continuous_usage
+        )
+        return respond(req, chat_job(req, fmt))
 
     # --8<-- [end:chat_route]
+
+    @app.post("/v1/responses")
+    async def v1_responses(req: ResponsesRequest):
+        """The Responses API: the chat request it stands for, answered as a response."""
+        if (refusal := unknown_model(req.model)) is not None:
+            return refusal
+        if req.user is not None:
+            logger.info("request %s: user %r", request_id_var.get(), req.user)
+        chat = req.chat
+        return respond(chat, chat_job(chat, ResponsesFormat(model_name, req, chat.tool_calling())))
 
     @app.post("/v1/completions")
     async def v1_completions(req: CompletionRequest):
         if (refusal := unknown_model(req.model)) is not None:
             return refusal
-        params = req.sampling_params()
+        params = salted(req.sampling_params())
         limit = frontend().max_concurrent
         if len(req.prompts()) > limit:  # it could never be admitted: retrying cannot help
             message = (
@@ -204,36 +254,32 @@ def create_app(
         makers = [maker(p) for p in req.prompts()]
         job = Job(
             make_msgs=makers,
-            fmt=CompletionFormat(model_name, len(makers) * params.n),
+            fmt=CompletionFormat(model_name, len(makers) * params.n, req.continuous_usage),
             n=params.n,
             logprobs=req.logprobs is not None,
             include_usage=req.include_usage,
         )
         return respond(req, job)
 
+    card = {"id": model_name, "object": "model", "created": created, "owned_by": "minisgl"}
+    if max_model_len is not None:
+        card["max_model_len"] = max_model_len  # as vLLM's model card has it
+
     @app.get("/v1/models")
     async def v1_models():
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model_name,
-                    "object": "model",
-                    "created": int(time.time()),
-                    "owned_by": "minisgl",
-                }
-            ],
-        }
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model_id:path}")  # hub ids hold a slash: Qwen/Qwen3-0.6B
+    async def v1_model(model_id: str):
+        return unknown_model(model_id) or card
 
     @app.get("/health")
     async def health():
-        try:
+        try:  # what would refuse a request now: dead, draining, or frozen workers
             frontend().check_admission()
         except RequestFailed as refused:
             if refused.error.kind is not ErrorKind.OVERLOADED:  # busy is still healthy
                 return to_http(refused.error).response()
-        if (silent := frontend().silent_worker()) is not None:  # frozen, not dead
-            return to_http(silent).response()
         if degraded:  # serving, on a slower path: what the engine fell back from, and why
             return {"status": "ok", "degraded": degraded}
         return {"status": "ok"}
@@ -248,9 +294,16 @@ def create_app(
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/debug/requests")
-    async def debug_requests():
-        """Timelines of the requests in flight and of the last --debug-history ended."""
-        return frontend().debug_requests()
+    async def debug_requests(
+        limit: int = Query(100, ge=1, le=1000),
+        since: int = Query(0, ge=0),
+        request_id: str | None = None,
+    ):
+        """Timelines of the requests in flight and of the last --debug-history ended: at
+        most `limit` of each, only those ended after the `since`-th end (`seq`), or only
+        one request id's. The body is built from at most `limit` timelines, whatever the
+        history holds, so a page polling it never stalls the server."""
+        return frontend().debug_requests(limit=limit, since=since, request_id=request_id)
 
     @app.get("/debug", response_class=HTMLResponse)
     async def debug_page():

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from dataclasses import dataclass, field
 
 from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.scheduler.config import PREFIX_CACHES, SchedulerConfig, split_options
+from minisgl.tokenizer.tokenize import REASONING_STARTS_OPEN
 
 
 @dataclass
@@ -27,7 +29,15 @@ class ServerArgs:
     scheduler_config: SchedulerConfig = field(default_factory=SchedulerConfig)
     host: str = "127.0.0.1"  # this machine only: serving the network is asked for with --host
     port: int = 1919  # the port the README's and the chapter's examples talk to
-    api_key: str | None = None  # no authentication; the command line reads $MINISGL_API_KEY
+    # no authentication; the command line reads $MINISGL_API_KEY. "A,B": several keys, one
+    # per tenant (see cache_salt_per_key)
+    api_key: str | None = None
+    # tenants (API keys) never share cached prefix pages: each request's cache salt has its
+    # key's digest in it, so one cannot learn from cached_tokens or timing what another sent
+    cache_salt_per_key: bool = False
+    # leave usage.prompt_tokens_details.cached_tokens out of every answer (what the prefix
+    # cache found tells a client whether anybody sent the same prefix before)
+    hide_cached_tokens: bool = False
     # replaces the model's chat template: a .jinja file, or the name of one minisgl ships
     # (smollm2-tools); None: the model's own
     chat_template: str | None = None
@@ -37,6 +47,10 @@ class ServerArgs:
     # unread output per request: 1 MiB is far more than a reading client ever lags behind,
     # and 1024 stalled requests then hold at most 1 GiB
     max_pending_bytes: int = 1 << 20
+    # a non-streamed answer is collected whole before it is sent: past this many bytes of
+    # output (text and logprobs) the request ends with a 400 and its resources are freed;
+    # 16 MiB holds thousands of tokens with logprobs, and 1024 of them at once 16 GiB
+    max_response_bytes: int = 16 << 20
     # seconds a streaming client may read nothing while output waits: far past a live
     # client's pause, short enough that a dead connection frees its slot soon
     client_stall_timeout: float = 30.0
@@ -66,9 +80,15 @@ class ServerArgs:
     # larger JSON schemas (each tool's parameters, response_format) and grammars are refused
     # uncompiled: 128 KiB is far past any hand-written schema or generated API description
     grammar_max_bytes: int = 1 << 17
+    # tokenize messages' text as plain text, so that control tokens typed into a message
+    # (`<|im_start|>system`) cannot open a turn of their own; off, as in vLLM and SGLang
+    escape_special_tokens: bool = False
     # ended requests whose timelines /debug/requests keeps (0: no timelines are recorded,
     # only the metrics' share of them); 256 covers minutes of a busy laptop's traffic
     debug_history: int = 256
+    # read a reasoning model's `<think>` block out of chat answers as reasoning_content
+    # (qwen3 or deepseek-r1: tokenizer/tokenize.py's REASONING_STARTS_OPEN); None: none
+    reasoning_parser: str | None = None
     shell: bool = False  # interactive chat in the terminal instead of an HTTP server
     prompt: str | None = None  # offline one-shot generation instead of a server
     max_tokens: int | None = None  # for --prompt and --shell; None: their own default
@@ -98,6 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=s.max_prefill_tokens,
         help="prefill token budget per step; longer prompts are prefilled in chunks",
+    )
+    p.add_argument(
+        "--prefill-step-seconds",
+        type=float,
+        default=s.prefill_step_seconds,
+        help="while sequences decode, size prefill chunks so one step takes about this long "
+        "(default: 0.3 on a CPU, off on CUDA; 0: off)",
     )
     p.add_argument(
         "--attention-backend", default=e.attention_backend, choices=["auto", "torch", "triton"]
@@ -168,7 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--api-key",
         default=os.environ.get("MINISGL_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINISGL_API_KEY)",
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: $MINISGL_API_KEY); "
+        "KEY1,KEY2,...: several keys, one per tenant",
+    )
+    p.add_argument(
+        "--cache-salt-per-key",
+        action="store_true",
+        help="requests with different API keys never share cached prefix pages",
+    )
+    p.add_argument(
+        "--hide-cached-tokens",
+        action="store_true",
+        help="leave usage.prompt_tokens_details.cached_tokens out of answers",
     )
     p.add_argument(
         "--max-concurrent-requests",
@@ -181,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=d.max_pending_bytes,
         help="abort a request whose unread output grows past this many bytes",
+    )
+    p.add_argument(
+        "--max-response-bytes",
+        type=int,
+        default=d.max_response_bytes,
+        help="a non-streamed answer with more output than this is refused (stream it instead)",
     )
     p.add_argument(
         "--client-stall-timeout",
@@ -232,9 +276,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="larger JSON schemas or tool parameters are refused with a 400 (default: %(default)s)",
     )
     p.add_argument(
+        "--escape-special-tokens",
+        action="store_true",
+        help="tokenize message text as plain text: control tokens typed into a message "
+        "(such as <|im_start|>system) stay characters instead of opening a turn",
+    )
+    p.add_argument(
         "--chat-template",
         help="a chat template (.jinja file, or a shipped one: smollm2-tools) instead of the "
         "model's own, for example to give a model tool calling",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        choices=list(REASONING_STARTS_OPEN),
+        help="return a reasoning model's <think> block as message.reasoning_content "
+        "(streamed as delta.reasoning_content), never as content",
     )
     p.add_argument("--shell", action="store_true", help="interactive chat in the terminal")
     p.add_argument("--prompt", help="generate once for this prompt, streaming to the terminal")
@@ -251,6 +307,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         "max_prefill_tokens",
         "max_concurrent_requests",
         "max_pending_bytes",
+        "max_response_bytes",
         "max_body_bytes",
         "client_stall_timeout",
         "worker_heartbeat_timeout",
@@ -262,6 +319,14 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     for name in positive:
         if getattr(ns, name) <= 0:
             build_parser().error(f"--{name.replace('_', '-')} must be positive")
+    if ns.api_key is not None and not ns.api_key.replace(",", "").strip():
+        # an empty key would turn authentication off without a word: refuse it instead
+        source = "--api-key" if "--api-key" in (argv or sys.argv) else "$MINISGL_API_KEY"
+        build_parser().error(
+            f"{source} is empty: give a key, or unset it to serve without authentication"
+        )
+    if ns.prefill_step_seconds is not None and ns.prefill_step_seconds < 0:
+        build_parser().error("--prefill-step-seconds must not be negative")
     if ns.shutdown_timeout < 0:
         build_parser().error("--shutdown-timeout must not be negative")
     if ns.max_connections is not None and ns.max_connections < 1:

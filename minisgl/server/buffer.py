@@ -22,6 +22,11 @@ class ChoiceOutput:
     logprobs: list[TokenInfo]
 
 
+def logprobs_bytes(infos: list[TokenInfo]) -> int:
+    """About how much memory logprobs take while they wait (their JSON is larger still)."""
+    return sum(24 + 2 * len(i.raw) + sum(24 + 2 * len(raw) for _, raw, _ in i.top) for i in infos)
+
+
 @dataclass
 class Output:
     """Everything that was pending for one request at one wake-up."""
@@ -31,7 +36,9 @@ class Output:
     completion_tokens: int  # all choices together
     finished: bool  # the request is over: every choice ended, or an error
     error: ErrorInfo | None
-    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # prompt tokens served from the prefix cache; None: not told (--hide-cached-tokens)
+    cached_tokens: int | None = 0
+    reasoning_open: bool = False  # the output starts inside a think block (reasoning.py)
 
     @property
     def text(self) -> str:
@@ -58,7 +65,10 @@ class Output:
             sum(o.completion_tokens for o in outputs),
             error is not None or all(o.finished for o in outputs),
             error,
-            sum(o.cached_tokens for o in outputs),
+            None
+            if any(o.cached_tokens is None for o in outputs)
+            else sum(o.cached_tokens for o in outputs),
+            any(o.reasoning_open for o in outputs),
         )
 
 
@@ -81,8 +91,12 @@ class ReplyBuffer:
     pending_bytes: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    # False (--hide-cached-tokens): the prefix cache's hits are not told, so that a client
+    # cannot learn from them whether another sent the same prefix
+    report_cached: bool = True
     finished: bool = False
     error: ErrorInfo | None = None
+    reasoning_open: bool = False
 
     def __post_init__(self) -> None:
         self.choices = [_ChoiceBuffer() for _ in range(self.n)]
@@ -98,21 +112,24 @@ class ReplyBuffer:
         if text:
             choice.pieces.append(text)
             self.pending_bytes += len(text.encode())
+        if reply.prompt_logprobs:
+            # ahead of the output's: not counted against the slow-client cap, as their size
+            # is the prompt's (the request's own), arriving once, not output piling up
+            choice.logprobs += reply.prompt_logprobs
         if reply.logprobs:
             choice.logprobs += reply.logprobs
             # logprobs wait unread too: count them against the slow-client cap
-            self.pending_bytes += sum(
-                24 + 2 * len(i.raw) + sum(24 + 2 * len(raw) for _, raw, _ in i.top)
-                for i in reply.logprobs
-            )
+            self.pending_bytes += logprobs_bytes(reply.logprobs)
         choice.tokens = max(choice.tokens, reply.completion_tokens)
         self.prompt_tokens = max(self.prompt_tokens, reply.prompt_tokens)
         self.cached_tokens = max(self.cached_tokens, reply.cached_tokens)
+        self.reasoning_open = self.reasoning_open or reply.reasoning_open
         if reply.finish_reason is not None:
             choice.finish_reason = reply.finish_reason
         if reply.finished:
             self.finish(reply.error)
-        return bool(text or reply.logprobs or reply.finish_reason or reply.finished)
+        news = text or reply.logprobs or reply.prompt_logprobs or reply.finish_reason
+        return bool(news or reply.finished)
 
     def finish(self, error: ErrorInfo | None = None) -> None:
         self.finished, self.error = True, error
@@ -131,7 +148,8 @@ class ReplyBuffer:
             self.completion_tokens,
             self.finished,
             self.error,
-            self.cached_tokens,
+            self.cached_tokens if self.report_cached else None,
+            self.reasoning_open,
         )
 
 

@@ -87,6 +87,7 @@ _ANSWERS: dict[ErrorKind, _Answer] = {
     ErrorKind.INVALID_TOKEN_ID: _Answer(400, INVALID_REQUEST, None, about_prompt=True),
     ErrorKind.INVALID_SAMPLING_VALUE: _Answer(400, INVALID_REQUEST, "invalid_value"),
     ErrorKind.UNENCODABLE_REQUEST: _Answer(400, INVALID_REQUEST, "invalid_value"),
+    ErrorKind.RESPONSE_TOO_LARGE: _Answer(400, INVALID_REQUEST, "response_too_large"),
     ErrorKind.OVERLOADED: _Answer(503, SERVER_ERROR, "overloaded", retry_after=1),
     ErrorKind.SHUTTING_DOWN: _Answer(503, SERVER_ERROR, "shutting_down", retry_after=5),
     ErrorKind.SLOW_CLIENT: _Answer(503, SERVER_ERROR, "slow_client"),

@@ -104,6 +104,8 @@ class FrontendManager:
         send: Callable[[list[TokenizerMsg]], None],
         recv: Callable[[], Awaitable[list[FrontendMsg]]],
         max_pending_bytes: int = 1 << 20,
+        max_response_bytes: int = 16 << 20,
+        report_cached_tokens: bool = True,
         max_concurrent: int = 1 << 30,
         metrics: ServerMetrics | None = None,
         timelines: Timelines | None = None,
@@ -112,6 +114,8 @@ class FrontendManager:
         self._send = send
         self._recv = recv
         self.max_pending_bytes = max_pending_bytes
+        self.max_response_bytes = max_response_bytes  # a non-streamed answer, collected
+        self.report_cached_tokens = report_cached_tokens  # usage.prompt_tokens_details
         self.max_concurrent = max_concurrent
         self.metrics = metrics
         self.timelines = timelines
@@ -127,7 +131,8 @@ class FrontendManager:
 
     # ---------------------------------------------------------------- state
     def new_user(self, n: int = 1, event: asyncio.Event | None = None) -> RequestState:
-        state = RequestState(next(self.uid_counter), request_id_var.get(), ReplyBuffer(n))
+        buffer = ReplyBuffer(n, report_cached=self.report_cached_tokens)
+        state = RequestState(next(self.uid_counter), request_id_var.get(), buffer)
         if event is not None:
             state.event = event
         self.states[state.uid] = state
@@ -139,6 +144,8 @@ class FrontendManager:
             raise RequestFailed(self.backend_error)
         if self.draining:
             raise RequestFailed(ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
+        if (silent := self.silent_worker()) is not None:  # it would only hang there
+            raise RequestFailed(silent)
         if len(self.states) >= self.max_concurrent:
             message = (
                 f"the server is at its limit of {self.max_concurrent} requests in flight; "
@@ -228,13 +235,15 @@ class FrontendManager:
             state.uid, event, ended, buffer.prompt_tokens, buffer.completion_tokens, **detail
         )
 
-    def debug_requests(self) -> dict:
-        """GET /debug/requests: the timelines of requests in flight and recently ended."""
+    def debug_requests(self, **query) -> dict:
+        """GET /debug/requests: the timelines of requests in flight and recently ended
+        (`query`: Timelines.snapshot's limit, since and request_id)."""
         counts = {
             uid: (s.buffer.prompt_tokens, s.buffer.completion_tokens)
             for uid, s in self.states.items()
         }
-        return (self.timelines or Timelines(history=0)).snapshot(counts)  # none: empty
+        store = self.timelines or Timelines(history=0)  # none: an empty store's answer
+        return store.snapshot(counts, **query)
 
     # --8<-- [start:listen]
     async def listen(self) -> None:

@@ -8,7 +8,8 @@ Contract:
   stops the launch with its reason and exit status 1.
 - SIGTERM drains: new requests and /health get 503, in-flight requests have
   --shutdown-timeout seconds to finish, the rest end with an error reply; exit status 0.
-  SIGINT (Ctrl-C) does the same without waiting. A second signal stops at once.
+  SIGINT (Ctrl-C) does the same without waiting. A second signal stops at once, and one
+  while the workers are being stopped kills them rather than the launcher.
 - A worker that dies while serving: every in-flight request ends with an error reply at
   once (its process sentinel wakes the event loop), /health and new requests answer 503,
   and the server exits with status 1 after a log line naming the dead worker.
@@ -138,7 +139,7 @@ def _wait_ready(procs: dict[str, BaseProcess], pipes: dict[str, Connection]) -> 
                 if status != "ready":
                     raise WorkerStartError(info)
                 logger.info("%s ready %s", name, info or "")
-                procs[name].ready_info = info or {}  # type: ignore[attr-defined]  # read by serve
+                procs[name].ready_info = info or {}  # type: ignore[attr-defined]  # card, degraded
                 del waiting[name]
 
 
@@ -236,6 +237,9 @@ class _Server(uvicorn.Server):
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+                # until the workers are stopped (running_workers), a signal must not kill
+                # the launcher: that would orphan them and leave the IPC directory behind
+                signal.signal(sig, _stopping_already)
 
 
 @contextlib.contextmanager
@@ -248,8 +252,36 @@ def running_workers(args: ServerArgs) -> Iterator[tuple[IpcChannels, dict[str, B
         procs = start_workers(args, model_dir, channels)
         yield channels, procs
     finally:
-        stop_workers(procs)
-        channels.remove()
+        with _hurried_by_signals(procs):
+            stop_workers(procs)
+            channels.remove()
+
+
+def _stopping_already(signum, frame) -> None:
+    logger.warning("%s: already stopping", signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def _hurried_by_signals(procs: dict[str, BaseProcess]) -> Iterator[None]:
+    """While the workers are being stopped (a hung one takes seconds), SIGTERM or SIGINT
+    kills those still alive at once instead of killing the launcher, which would leave them
+    orphaned and the IPC directory behind."""
+
+    def hurry(signum, frame) -> None:
+        logger.warning("%s while stopping: killing the workers now", signal.Signals(signum).name)
+        for proc in procs.values():
+            if proc.is_alive():
+                proc.kill()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    previous = {sig: signal.signal(sig, hurry) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def connect_frontend(
@@ -262,6 +294,8 @@ def connect_frontend(
         to_tokenizer.put,
         inbox.get,
         max_pending_bytes=args.max_pending_bytes,
+        max_response_bytes=args.max_response_bytes,
+        report_cached_tokens=not args.hide_cached_tokens,
         max_concurrent=args.max_concurrent_requests,
         metrics=metrics,
         timelines=Timelines(args.debug_history),
@@ -303,6 +337,7 @@ def launch_server(args: ServerArgs) -> int:
                 served_model_name(args),
                 lambda metrics: connect_frontend(channels, args, metrics),
                 lambda frontend: supervisor.watch_workers(procs),
+                max_model_len=procs["scheduler"].ready_info.get("max_seq_len"),
                 degraded=degraded,
             )
             config = uvicorn.Config(

@@ -8,7 +8,9 @@
   `GET /debug` require `Authorization: Bearer <key>` (or HTTP Basic auth with the key as
   the password, which a browser asks for on the live page and then sends with the page's
   own requests), compared in constant time; otherwise 401. Other routes (/health,
-  /metrics, /debug/lifecycle: counts only) stay open.
+  /metrics, /debug/lifecycle: counts only) stay open. Several keys (`--api-key A,B`) are
+  several tenants: while a request is served, `tenant_var` holds a digest of the key it
+  came with, which --cache-salt-per-key mixes into its prefix cache salt.
 - `BodyLimitMiddleware`: a request body over the limit is answered 413 before any route
   reads it, whether it declares a Content-Length or streams chunks.
 All error answers use the OpenAI error body, and are counted through `on_reject(code)`.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import contextvars
+import hashlib
 import hmac
 import re
 import time
@@ -34,6 +37,8 @@ request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id
 arrival_var: contextvars.ContextVar[tuple[float, str] | None] = contextvars.ContextVar(
     "arrival", default=None
 )
+# a digest of the API key the request came with (None: no key); never the key itself
+tenant_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("tenant", default=None)
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -78,34 +83,51 @@ PROTECTED = ("/v1/", "/debug/flush_cache", "/debug/requests")  # path prefixes b
 PAGES = ("/debug", "/debug/")  # pages a browser opens: it is asked for Basic auth
 
 
+def api_keys(value: str) -> list[str]:
+    """The keys of `--api-key A,B,...` (each one a tenant)."""
+    return [key.strip() for key in value.split(",") if key.strip()]
+
+
 class ApiKeyMiddleware:
     def __init__(self, app, api_key: str, on_reject: Callable[[str], None] = _no_count) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-        self.key = api_key.encode()
+        self.keys = [key.encode() for key in api_keys(api_key)]
         self.on_reject = on_reject
 
-    def _authorized(self, given: bytes) -> bool:
+    def _key(self, given: bytes) -> bytes | None:
+        """The key `given` (an Authorization header) carries, if it is one of ours."""
         if given[:6].lower() == b"basic ":  # a browser: any user name, the key as password
             try:
-                _, _, password = base64.b64decode(given[6:].strip(), validate=True).partition(b":")
+                _, _, key = base64.b64decode(given[6:].strip(), validate=True).partition(b":")
             except ValueError:
-                return False
-            return hmac.compare_digest(password, self.key)
-        return hmac.compare_digest(given, self.expected)  # constant time
+                return None
+        elif given[:7].lower() == b"bearer ":
+            key = given[7:]
+        else:
+            return None
+        found = None
+        for ours in self.keys:  # every key compared, each in constant time
+            if hmac.compare_digest(key, ours):
+                found = ours
+        return found
 
     async def __call__(self, scope, receive, send) -> None:
         path = scope.get("path", "")
         page = path in PAGES
-        if scope["type"] == "http" and (page or path.startswith(PROTECTED)):
-            if not self._authorized(_header(scope, b"authorization") or b""):
-                self.on_reject("invalid_api_key")
-                message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
-                error = HttpError(401, message, code="invalid_api_key")
-                challenge = 'Basic realm="minisgl"' if page else "Bearer"
-                response = error.response(headers={"WWW-Authenticate": challenge})
-                return await response(scope, receive, send)
-        await self.app(scope, receive, send)
+        key = self._key(_header(scope, b"authorization") or b"")
+        if scope["type"] == "http" and (page or path.startswith(PROTECTED)) and key is None:
+            self.on_reject("invalid_api_key")
+            message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+            error = HttpError(401, message, code="invalid_api_key")
+            challenge = 'Basic realm="minisgl"' if page else "Bearer"
+            response = error.response(headers={"WWW-Authenticate": challenge})
+            return await response(scope, receive, send)
+        tenant = hashlib.sha256(key).hexdigest()[:16] if key is not None else None
+        token = tenant_var.set(tenant)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            tenant_var.reset(token)
 
 
 class BodyTooLarge(HTTPException):

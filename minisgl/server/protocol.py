@@ -1,10 +1,18 @@
 """The OpenAI request models: what /v1/chat/completions and /v1/completions accept.
 
-Contract: models are strict (a wrong type is a 400, not a silent coercion) and forbid
-unknown fields, so a parameter we do not implement (functions, suffix, ...) is refused by
-name, never ignored. Every accepted parameter reaches `SamplingParams` or the
-response format. Extensions beyond OpenAI's API, as in vLLM and SGLang: top_k, min_tokens,
-ignore_eos, stop_token_ids, repetition_penalty.
+Contract: as lenient as the official API and as strict. Models are strict (a wrong type is
+a 400, not a silent coercion) and forbid unknown fields, so a parameter we do not
+implement (functions, suffix, audio, ...) is refused by name, never ignored. `null` for an
+optional parameter means its default, as OpenAI's nullable parameters do. Official fields
+that change nothing a self-hosted server generates are accepted and ignored (store,
+metadata, service_tier, prompt_cache_key, safety_identifier, verbosity, prediction; on an
+assistant message sent back: refusal, annotations, audio and function_call when null). A
+content part other than text (image_url, input_audio, file) is a 400 naming the part; a
+text part may carry extra keys (cache_control). Every accepted parameter that matters
+reaches `SamplingParams`, the response format or the chat template. Extensions beyond
+OpenAI's API, as in vLLM and SGLang: top_k, min_tokens, ignore_eos, stop_token_ids,
+repetition_penalty, chat_template_kwargs, add_generation_prompt, continue_final_message,
+stream_options.continuous_usage_stats.
 """
 
 from __future__ import annotations
@@ -12,17 +20,20 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic_core import PydanticCustomError
 
 from minisgl.core import MAX_LOGPROBS, MAX_N, MAX_SEQUENCES, MAX_STOP_LEN, SamplingParams
 
-from .tools import ToolCalling
+from .tools import ToolCalling, closed_schema
 
 # Integer bounds: what the wire format (msgpack, int32 token arrays) and the engine's
 # int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
 INT32_MAX = 2**31 - 1
 TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
 Count = Annotated[int, Field(ge=1, le=2**63 - 1)]  # larger max_tokens are clamped anyway
+# completions' max_tokens may be 0: with echo that scores the prompt and generates nothing
+CompletionCount = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
 class ParamError(ValueError):
@@ -36,10 +47,79 @@ class ParamError(ValueError):
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """`"field": null` for an optional field is the field left out (OpenAI's nullable
+        parameters); a required field stays null and is refused."""
+        if not isinstance(data, dict) or None not in data.values():
+            return data
+        optional = set()
+        for name, f in cls.model_fields.items():
+            if not f.is_required():
+                optional |= {name, f.alias or name}
+        return {k: v for k, v in data.items() if v is not None or k not in optional}
+
 
 class TextPart(_Strict):
+    # extra keys such as Anthropic-style `cache_control` change nothing here
+    model_config = ConfigDict(extra="ignore", strict=True)
+
     type: Literal["text"]
     text: str
+
+    @property
+    def value(self) -> str:
+        return self.text
+
+
+class RefusalPart(_Strict):
+    """What an earlier assistant turn refused, sent back in its content."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    type: Literal["refusal"]
+    refusal: str
+
+    @property
+    def value(self) -> str:
+        return self.refusal
+
+
+# parts of other modalities: a text-only model cannot read them
+UNSUPPORTED_PARTS = ("image_url", "input_audio", "file", "image", "audio", "video_url")
+
+
+def _content(value: Any) -> str | list[TextPart | RefusalPart]:
+    """A message's content: a string or a list of text parts, checked part by part so
+    that a part we cannot serve is named, not lost in a union error."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise PydanticCustomError("content_type", "content must be a string or a list of parts")
+    parts = []
+    for j, part in enumerate(value):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in UNSUPPORTED_PARTS:
+            raise PydanticCustomError(
+                "unsupported_content_part",
+                "content[{j}]: {kind} parts are not supported by this text-only model",
+                {"j": j, "kind": kind},
+            )
+        if kind not in ("text", "refusal"):
+            raise PydanticCustomError(
+                "unsupported_content_part",
+                "content[{j}]: unknown content part type {kind!r}",
+                {"j": j, "kind": kind},
+            )
+        parts.append((TextPart if kind == "text" else RefusalPart).model_validate(part))
+    return parts
+
+
+Content = Annotated[
+    str | list[TextPart | RefusalPart],
+    PlainValidator(_content, json_schema_input_type=str | list[TextPart | RefusalPart]),
+]
 
 
 FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # as OpenAI checks
@@ -67,16 +147,13 @@ class AssistantToolCall(_Strict):
         return {"id": self.id, "type": "function", "function": function}
 
 
-Content = str | list[TextPart]
-
-
 class _Message(_Strict):
     """One message of the conversation; `as_template_input` is what chat templates read."""
 
     def as_template_input(self) -> dict[str, Any]:
         content = self.content
         if content is not None and not isinstance(content, str):
-            content = "".join(part.text for part in content)
+            content = "".join(part.value for part in content)
         # "developer" is OpenAI's newer name for the system role; chat templates know "system"
         role = "system" if self.role == "developer" else self.role
         return {"role": role, "content": content}
@@ -95,11 +172,19 @@ class UserMessage(_Message):
 
 
 class AssistantMessage(_Message):
+    """An earlier answer, as a client sends it back (often a response's `message`
+    dumped whole: its null `audio` and `function_call` and its `annotations` come along)."""
+
     role: Literal["assistant"]
     content: Content | None = None  # None (or absent) when the turn only called tools
     name: str | None = None
     tool_calls: list[AssistantToolCall] | None = None  # the tools this turn called
-    refusal: str | None = None  # sent back with an assistant turn by some clients; unused
+    refusal: str | None = None  # what the answer refused, if anything; unused
+    annotations: list[Any] | None = None  # OpenAI's URL citations; unused
+    reasoning_content: str | None = None  # the turn's thinking: templates may show it
+    # not served (no audio, and the deprecated form of tool_calls): only null is accepted
+    audio: None = None
+    function_call: None = None
 
     @model_validator(mode="after")
     def _check_message(self):
@@ -111,6 +196,8 @@ class AssistantMessage(_Message):
         out = super().as_template_input()
         if self.tool_calls:
             out["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -159,6 +246,9 @@ class NamedToolChoice(_Strict):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    include_obfuscation: bool = True  # random padding against side channels; not sent
+    # vLLM's: with include_usage, every chunk carries the usage so far
+    continuous_usage_stats: bool = False
 
 
 class JsonSchemaFormat(_Strict):
@@ -188,7 +278,9 @@ class ResponseFormat(_Strict):
         if self.type == "json_object":
             return '{"type": "object"}'
         if self.type == "json_schema":
-            return json.dumps(self.json_schema.schema_)
+            # properties it does not list are forbidden unless it allows them, as in
+            # xgrammar's strict default: pydantic's schemas leave that unsaid
+            return json.dumps(closed_schema(self.json_schema.schema_))
         return None
 
 
@@ -215,6 +307,8 @@ class _SamplingFields(_Strict):
     stop_token_ids: list[TokenId] | None = None
     repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
     response_format: ResponseFormat | None = None
+    # vLLM's: requests share cached prefix pages only when their salts are equal
+    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
 
     @model_validator(mode="after")
     def _check(self):
@@ -232,6 +326,11 @@ class _SamplingFields(_Strict):
     @property
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage on every chunk: vLLM's continuous_usage_stats, which needs include_usage."""
+        return self.include_usage and self.stream_options.continuous_usage_stats
 
     def _sampling_params(
         self, max_tokens: int | None, logprobs: int | None, grammar: str | None = None
@@ -255,11 +354,47 @@ class _SamplingFields(_Strict):
             logprobs=logprobs,
             json_schema=self.response_format.schema_text() if self.response_format else None,
             grammar=grammar,
+            cache_salt=self.cache_salt,
         )
 
 
+# keyword arguments of apply_chat_template itself: a template variable may not replace them
+_TEMPLATE_ARGUMENTS = frozenset(
+    {"conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+     "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+     "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+     "sanitize_control_tokens"}
+)  # fmt: skip
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class _IgnoredChatFields(_Strict):
+    """Official fields that change nothing this server generates: accepted, checked for
+    type, and not used (what a hosted service stores, bills, caches or routes by)."""
+
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    safety_identifier: str | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    prediction: dict[str, Any] | None = None  # predicted output: a latency hint only
+    modalities: list[Literal["text", "audio"]] | None = None
+    audio: dict[str, Any] | None = None  # audio output's voice and format: only null
+
+    @model_validator(mode="after")
+    def _check_modalities(self):
+        if self.modalities is not None and "audio" in self.modalities:
+            message = "modalities: this server generates text only, not audio"
+            raise ParamError("modalities", message)
+        if self.audio is not None:
+            raise ParamError("audio", "audio: this server generates text only, not audio")
+        return self
+
+
 # --8<-- [start:request_model]
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(_IgnoredChatFields, _SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None  # the newer name of max_tokens
     logprobs: bool = False
@@ -267,6 +402,16 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[ToolDef] | None = Field(default=None, min_length=1, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # reaches the chat template (a template that reads it, e.g. gpt-oss's, honours it);
+    # "none" also turns Qwen3's thinking off unless chat_template_kwargs says otherwise
+    reasoning_effort: ReasoningEffort | None = None
+    # extensions (vLLM's and SGLang's meanings): more chat template variables, e.g.
+    # {"enable_thinking": false}; whether the prompt ends with the assistant's turn opened
+    # (default: unless continue_final_message); the last message left open, for the model
+    # to go on with
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool = False
 
     @model_validator(mode="after")
     def _check_chat(self):
@@ -276,8 +421,31 @@ class ChatCompletionRequest(_SamplingFields):
             )
         if self.top_logprobs is not None and not self.logprobs:
             raise ParamError("top_logprobs", "top_logprobs needs logprobs: true")
+        if self.continue_final_message and self.add_generation_prompt:
+            message = "continue_final_message goes with add_generation_prompt: false"
+            raise ParamError("continue_final_message", message)
+        clash = sorted(_TEMPLATE_ARGUMENTS & set(self.chat_template_kwargs or {}))
+        if clash:
+            message = f"chat_template_kwargs may not set {', '.join(clash)}: give it as a field"
+            raise ParamError("chat_template_kwargs", message)
         self._check_tools()
         return self
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The chat template's extra variables: chat_template_kwargs, and reasoning_effort."""
+        out: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            out["reasoning_effort"] = self.reasoning_effort
+            if self.reasoning_effort == "none":
+                out["enable_thinking"] = False
+        out.update(self.chat_template_kwargs or {})
+        return out or None
+
+    @property
+    def generation_prompt(self) -> bool:
+        if self.add_generation_prompt is None:
+            return not self.continue_final_message
+        return self.add_generation_prompt
 
     def _check_tools(self) -> None:
         names = [t.function.name for t in self.tools or []]
@@ -321,10 +489,19 @@ class ChatCompletionRequest(_SamplingFields):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
-    max_tokens: Count | None = 16  # OpenAI's default for completions
+    max_tokens: CompletionCount | None = 16  # OpenAI's default for completions
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
+    suffix: str | None = None  # text after the completion (insertion): only null
+
+    @model_validator(mode="after")
+    def _check_suffix(self):
+        if self.suffix is not None:
+            raise ParamError(
+                "suffix", "suffix (text to insert the completion before) is not supported"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_completion(self):
@@ -338,8 +515,6 @@ class CompletionRequest(_SamplingFields):
             raise ParamError("prompt", message)
         if self.best_of is not None and self.best_of != self.n:
             raise ParamError("best_of", "best_of other than n is not supported (it needs ranking)")
-        if self.echo and self.logprobs is not None:
-            raise ParamError("echo", "echo with logprobs is not supported (needs prompt logprobs)")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -352,4 +527,7 @@ class CompletionRequest(_SamplingFields):
         return list(p)
 
     def sampling_params(self) -> SamplingParams:
-        return self._sampling_params(self.max_tokens, self.logprobs)
+        params = self._sampling_params(self.max_tokens, self.logprobs)
+        if self.echo and self.logprobs is not None:  # the echoed prompt's tokens get theirs
+            params.prompt_logprobs = self.logprobs
+        return params

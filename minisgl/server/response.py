@@ -8,7 +8,9 @@ the first byte) cancels the serving task, so the scope exits early and sends Abo
 - Errors known before the first byte (refused prompt, tokenizer failure, dead backend)
   are a JSON error body with a real HTTP status, also for `stream: true`: the stream waits
   for the first output before it sends its headers.
-- An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`.
+- An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`
+  (on /v1/responses a `response.failed` event: the format decides, see formats.py and
+  responses_format.py).
 - Every send of output to the client runs inside `state.sending()`; the stall sweeper
   cancels a request whose send has blocked longer than `--client-stall-timeout` (the
   client reads nothing while output waits). The connection is then closed without a final
@@ -26,10 +28,11 @@ from typing import Any
 
 from starlette.responses import Response
 
-from minisgl.message import ErrorInfo, TokenInfo, TokenizeMsg
+from minisgl.message import ErrorInfo, ErrorKind, TokenInfo, TokenizeMsg
 
+from .buffer import logprobs_bytes
 from .errors import RequestFailed, error_code, json_response
-from .formats import SSE_DONE, ChatFormat, CompletionFormat
+from .formats import ChatFormat, CompletionFormat
 from .frontend import FrontendManager
 
 logger = logging.getLogger(__name__)
@@ -125,6 +128,7 @@ class FullResponse(_CompletionResponse):
         texts: list[list[str]] = [[] for _ in range(k)]
         finish: list[str | None] = [None] * k
         logprobs: list[list[TokenInfo]] = [[] for _ in range(k)]
+        cap, collected, too_large = self.frontend.max_response_bytes, 0, None
         async with self.frontend.requests(job.make_msgs, job.n) as states:
             async with aclosing(self.frontend.wait_for_ack(*states)) as outputs:
                 async for out in outputs:
@@ -132,8 +136,12 @@ class FullResponse(_CompletionResponse):
                         texts[c.index].append(c.text)
                         logprobs[c.index] += c.logprobs
                         finish[c.index] = c.finish_reason or finish[c.index]
-            if out.error is not None:
-                await self.send_error(send, out.error)
+                        collected += len(c.text.encode()) + logprobs_bytes(c.logprobs)
+                    if collected > cap:  # leaving the scope aborts the rest
+                        too_large = _too_large(cap)
+                        break
+            if too_large is not None or out.error is not None:
+                await self.send_error(send, too_large or out.error)
                 return
             body = job.fmt.body(
                 ["".join(t) for t in texts],
@@ -142,9 +150,18 @@ class FullResponse(_CompletionResponse):
                 out.prompt_tokens,
                 out.completion_tokens,
                 out.cached_tokens,
+                out.reasoning_open,
             )
             with states[0].sending():  # a client that never reads this body is a stall too
                 await self.send_response(send, json_response(200, body))
+
+
+def _too_large(cap: int) -> ErrorInfo:
+    return ErrorInfo(
+        ErrorKind.RESPONSE_TOO_LARGE,
+        f"the whole response would hold more than {cap} bytes of output "
+        "(--max-response-bytes); ask for fewer tokens, choices or logprobs, or stream it",
+    )
 
 
 class StreamResponse(_CompletionResponse):
@@ -163,9 +180,7 @@ class StreamResponse(_CompletionResponse):
                 while True:
                     body = job.fmt.chunks(out)
                     if out.finished:
-                        if job.include_usage and out.error is None:
-                            body += job.fmt.usage_chunk(out)
-                        body += SSE_DONE
+                        body += job.fmt.closing(out, job.include_usage)
                     with states[0].sending():
                         more = not out.finished
                         await send({"type": "http.response.body", "body": body, "more_body": more})

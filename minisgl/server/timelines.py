@@ -14,8 +14,12 @@ Consecutive "decode" spans of the scheduler are merged into one, so a long reque
 a handful of events, not one per flush. The KV page samples that come with the
 scheduler's batches are kept for the last KV_WINDOW_S seconds, at most one per second.
 
-`snapshot(now)` is the body of GET /debug/requests: times are seconds since the request's
-arrival; prompts and outputs are never recorded, only counts.
+`snapshot(counts, limit, since, request_id)` is the body of GET /debug/requests: at most
+`limit` timelines of each list (in flight, ended newest first), only ended ones after the
+`since`-th end when given (each ended timeline carries its `seq`, the order of its end, so
+a poller asks for what is new), or only those of one request id. However long the history,
+one answer is bounded. Times are seconds since the request's arrival; prompts and outputs
+are never recorded, only counts.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class Timeline:
     ended: set[str] = field(default_factory=set)  # processes whose end is recorded
     prompt_tokens: int = 0
     output_tokens: int = 0
+    seq: int = 0  # once ended: how many requests had ended before it, plus one
 
     def add(self, event: TimelineEvent) -> bool:
         """Add `event`; False if its process has already ended this request."""
@@ -77,7 +82,7 @@ class Timeline:
             if e.detail:
                 item.update(e.detail)
             events.append(item)
-        return {
+        item = {
             "uid": self.uid,
             "request_id": self.request_id,
             "endpoint": self.endpoint,
@@ -86,6 +91,9 @@ class Timeline:
             "output_tokens": self.output_tokens,
             "events": events,
         }
+        if self.seq:
+            item["seq"] = self.seq
+        return item
 
 
 def _tokens(event: TimelineEvent) -> int:
@@ -100,6 +108,7 @@ class Timelines:
         self.done: OrderedDict[int, Timeline] = OrderedDict()  # oldest first
         self.kv: deque[tuple[float, int, int, int]] = deque()
         self.late_events = 0  # events after their process's end (there should be none)
+        self.ended_count = 0  # requests ended since start (the last `seq`)
 
     def start(
         self, uid: int, request_id: str, endpoint: str, arrival: float, admitted: float
@@ -144,25 +153,50 @@ class Timelines:
             return None
         timeline.prompt_tokens, timeline.output_tokens = prompt_tokens, output_tokens
         timeline.add(TimelineEvent(uid, API, event, t, detail or None))
+        self.ended_count += 1
+        timeline.seq = self.ended_count
         if self.history > 0:
             self.done[uid] = timeline
             while len(self.done) > self.history:
                 self.done.popitem(last=False)
         return timeline
 
-    def snapshot(self, counts: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    def snapshot(
+        self,
+        counts: dict[int, tuple[int, int]],
+        limit: int = 100,
+        since: int = 0,
+        request_id: str | None = None,
+    ) -> dict[str, Any]:
         """GET /debug/requests: in-flight requests (with their token counts so far, from
-        `counts`), ended ones newest first, and the KV page samples."""
+        `counts`), ended ones newest first, and the KV page samples; see the module's
+        docstring for `limit`, `since` and `request_id`."""
         now = self.clock()
+
+        def wanted(timeline: Timeline) -> bool:
+            return request_id is None or timeline.request_id == request_id
+
         in_flight = []
         for uid, timeline in self.live.items():
+            if len(in_flight) == limit:
+                break
+            if not wanted(timeline):
+                continue
             timeline.prompt_tokens, timeline.output_tokens = counts.get(uid, (0, 0))
             item = timeline.as_dict()
             item["age"] = round(now - timeline.arrival, 6)
             in_flight.append(item)
+        ended = []
+        for timeline in reversed(self.done.values()):  # newest first: stop at `since`
+            if len(ended) == limit or timeline.seq <= since:
+                break
+            if wanted(timeline):
+                ended.append(timeline.as_dict())
         return {
             "in_flight": in_flight,
-            "ended": [t.as_dict() for t in reversed(self.done.values())],
+            "ended": ended,
+            "in_flight_total": len(self.live),
+            "ended_total": self.ended_count,  # the newest `seq`: pass it as `since` next
             "history": self.history,
             "late_events": self.late_events,
             # (seconds before now, pages used by live requests, cached-only pages, total)

@@ -10,16 +10,24 @@ Contract:
   with `parallel` one to MAX_PARALLEL_CALLS separated by line breaks; for a named
   function exactly one. Each block holds `{"name": ..., "arguments": ...}` where the name
   is one of the tools (the named one) and the arguments validate against that tool's
-  `parameters`. As
-  in xgrammar's strict mode, an object schema with `properties` that does not say whether
-  other keys are allowed gets none: a small model otherwise invents extra arguments.
+  `parameters`; `$ref`s inside them (pydantic writes one for every nested model) point
+  into the tool's own `$defs`, wherever the grammar embeds it. `closed_schema` (used here
+  and for `response_format`) does as xgrammar's strict mode does: an object schema with
+  `properties` that does not say whether other keys are allowed gets none, since a small
+  model otherwise invents extra keys.
 - `parser()` makes a `ToolCallParser` for one choice. `feed(text)` takes the choice's
-  next text and returns what can be sent now: the content text and the tool calls whose
-  block has closed. Text that could still become a block is held back (whitespace before
-  a block too, so the content does not end in the line break that led to it); `close()`
-  returns the rest when the choice ends. A block whose JSON does not parse, or names no
-  tool of the request, is content, as the model wrote it: nothing is lost. Without
-  `parallel`, calls after the first are dropped.
+  next text and returns what can be sent now: the content text and the tool-call deltas.
+  A call's first delta carries its `id`, `type` and `function.name` once the block's
+  `{"name": ..., "arguments": ` has been read; its arguments then follow piece by piece
+  as they are decoded (OpenAI's and vLLM's streaming shape); `calls` holds every call
+  whole. Text that could still become a block is held back (whitespace before a block
+  too, so the content does not end in the line break that led to it). `close(truncated)`
+  returns the rest when the choice ends. A block that does not begin like a call of one
+  of the request's tools is content when it closes, as the model wrote it: nothing is
+  lost; but template markup never reaches the content of a choice cut short by
+  max_tokens (`truncated`): an unfinished block is dropped there, and a call whose
+  arguments were cut keeps what was decoded of them. Without `parallel`, calls after
+  the first are dropped.
 - `finish_reason(reason, made_calls)`: "stop" becomes "tool_calls" when the choice called
   tools, except for a named tool_choice, which OpenAI answers with "stop".
 """
@@ -27,6 +35,7 @@ Contract:
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +53,7 @@ _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
 
 
-def _closed(schema: Any) -> Any:
+def closed_schema(schema: Any) -> Any:
     """`schema` with `additionalProperties: false` wherever an object lists its
     `properties` and leaves other keys unsaid (values such as `const` stay as they are)."""
     if not isinstance(schema, dict):
@@ -52,25 +61,48 @@ def _closed(schema: Any) -> Any:
     out = dict(schema)
     for key in _SUBSCHEMA:
         if key in out:
-            out[key] = _closed(out[key])
+            out[key] = closed_schema(out[key])
     for key in _SUBSCHEMA_LISTS:
         if isinstance(out.get(key), list):
-            out[key] = [_closed(s) for s in out[key]]
+            out[key] = [closed_schema(s) for s in out[key]]
     for key in _SUBSCHEMA_MAPS:
         if isinstance(out.get(key), dict):
-            out[key] = {name: _closed(s) for name, s in out[key].items()}
+            out[key] = {name: closed_schema(s) for name, s in out[key].items()}
     if isinstance(out.get("properties"), dict):
         out.setdefault("additionalProperties", False)
     return out
 
 
-def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
-    """The JSON inside one tool-call block for `function`."""
+def _rebased(schema: Any, base: str) -> Any:
+    """`schema` with every local `$ref` ("#...") pointing below `base` instead of the root."""
+    if isinstance(schema, list):
+        return [_rebased(s, base) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = base + value[1:]
+        elif key in ("const", "enum", "default", "examples"):
+            out[key] = value  # values, not schemas
+        else:
+            out[key] = _rebased(value, base)
+    return out
+
+
+def _call_schema(function: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON inside one tool-call block for `function`. Its parameters go into `defs`
+    (the grammar's root `$defs`), so that their own `$ref`s still resolve there."""
     # no parameters: a function that takes none (OpenAI's "empty parameter list")
     parameters = function.get("parameters") or {"type": "object", "properties": {}}
+    key = f"minisgl_tool_{len(defs)}"
+    defs[key] = _rebased(closed_schema(parameters), f"#/$defs/{key}")
     return {
         "type": "object",
-        "properties": {"name": {"const": function["name"]}, "arguments": _closed(parameters)},
+        "properties": {
+            "name": {"const": function["name"]},
+            "arguments": {"$ref": f"#/$defs/{key}"},
+        },
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
@@ -86,6 +118,10 @@ class ToolCalling:
     def names(self) -> set[str]:
         return {t["function"]["name"] for t in self.tools}
 
+    @property
+    def forced(self) -> bool:
+        return self.choice != AUTO
+
     # --8<-- [start:tool_grammar]
     def grammar(self) -> str | None:
         """The Lark grammar that forces tool calls; None when the model may answer freely."""
@@ -96,8 +132,10 @@ class ToolCalling:
             for t in self.tools
             if self.choice == REQUIRED or t["function"]["name"] == self.choice
         ]
+        defs: dict[str, Any] = {}
         schema = {
-            "anyOf": [_call_schema(f) for f in functions],
+            "anyOf": [_call_schema(f, defs) for f in functions],
+            "$defs": defs,
             # the spacing of the template's own example (and of json.dumps)
             "x-guidance": {
                 "whitespace_flexible": False,
@@ -114,7 +152,7 @@ class ToolCalling:
     # --8<-- [end:tool_grammar]
 
     def parser(self) -> ToolCallParser:
-        return ToolCallParser(self.names, self.parallel)
+        return ToolCallParser(self.names, self.parallel, self.forced)
 
     def finish_reason(self, reason: str | None, made_calls: bool) -> str | None:
         if reason == "stop" and made_calls and self.choice in (AUTO, REQUIRED):
@@ -122,12 +160,12 @@ class ToolCalling:
         return reason
 
 
-def tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+def tool_call(name: str, arguments: str) -> dict[str, Any]:
     """One entry of `message.tool_calls`, as OpenAI sends it (arguments as JSON text)."""
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+        "function": {"name": name, "arguments": arguments},
     }
 
 
@@ -139,55 +177,148 @@ def _partial_suffix(text: str, marker: str) -> int:
     return len(text)
 
 
+# the start of a block's JSON, up to its arguments object: what makes the block a call
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
+
+# where the parser is in a choice's text
+_TEXT, _HEAD, _ARGUMENTS, _TAIL = "text", "head", "arguments", "tail"
+
+
 @dataclass
 class ToolCallParser:
     names: set[str]
     parallel: bool = True
-    calls: list[dict[str, Any]] = field(default_factory=list)  # every call parsed so far
-    _held: str = ""  # text not yet sent: could start a block, or is a block still open
-    _in_block: bool = False
+    forced: bool = False  # the grammar allows only calls: no text is ever content
+    calls: list[dict[str, Any]] = field(default_factory=list)  # every call, whole so far
+    done: int = 0  # calls[:done] are complete (their block closed, or the choice ended)
+    _held: str = ""  # text not yet sent: could start a block, or the open block's head
+    _state: str = _TEXT
+    _call: dict[str, Any] | None = None  # the call whose arguments are being read
+    _depth: int = 0  # nesting inside the arguments' JSON
+    _in_string: bool = False
+    _escaped: bool = False
 
     # --8<-- [start:tool_parser]
     def feed(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        """Content that can be sent now and the calls completed by `text`."""
+        """Content that can be sent now and the tool-call deltas that `text` makes."""
         self._held += text
-        content, calls = [], []
-        while True:
-            if self._in_block:
-                end = self._held.find(TOOL_CALL_END)
-                if end < 0:
-                    break  # the block is still open
-                block = self._held[: end + len(TOOL_CALL_END)]
-                self._held, self._in_block = self._held[len(block) :], False
-                call = self._parse(block[len(TOOL_CALL_START) : end])
-                if call is None:
-                    content.append(block)  # not a call after all: the model's text
-                elif self.parallel or not self.calls:
-                    self.calls.append(call)
-                    calls.append(call)
-                continue
-            start = self._held.find(TOOL_CALL_START)
-            if start >= 0:
+        content: list[str] = []
+        deltas: list[dict[str, Any]] = []
+        while self._held:
+            if self._state == _TEXT:  # content, up to the start of a block
+                start = self._held.find(TOOL_CALL_START)
+                if start < 0:  # hold back a possible start, and the whitespace before it
+                    keep = _partial_suffix(self._held, TOOL_CALL_START)
+                    keep = len(self._held[:keep].rstrip()) if keep else 0
+                    content.append(self._held[:keep])
+                    self._held = self._held[keep:]
+                    break
                 before = self._held[:start]
                 content.append(before.rstrip() if not before.isspace() else "")
-                self._held, self._in_block = self._held[start:], True
-                continue
-            # hold back a possible start of a block, and the whitespace in front of it
-            keep = _partial_suffix(self._held, TOOL_CALL_START)
-            keep = len(self._held[:keep].rstrip()) if keep else 0
-            content.append(self._held[:keep])
-            self._held = self._held[keep:]
-            break
-        return "".join(content), calls
+                self._held, self._state = self._held[start + len(TOOL_CALL_START) :], _HEAD
+            elif self._state == _HEAD:  # inside a block, before it is known to be a call
+                if not self._read_head(content, deltas):
+                    break
+            elif self._state == _ARGUMENTS:  # a call's arguments, sent as they come
+                piece = self._read_arguments()
+                if piece:
+                    self._add_arguments(piece, deltas)
+            else:  # after the arguments: the rest of the block is markup
+                end = self._held.find(TOOL_CALL_END)
+                if end < 0:
+                    self._held = self._held[_partial_suffix(self._held, TOOL_CALL_END) :]
+                    break
+                self._held, self._state = self._held[end + len(TOOL_CALL_END) :], _TEXT
+                self.done = len(self.calls)
+        return ("" if self.forced else "".join(content)), merge_deltas(deltas)
 
     # --8<-- [end:tool_parser]
 
-    def close(self) -> str:
-        """The text still held back when the choice ends (an unfinished block included)."""
+    def close(self, truncated: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """What is still held back when the choice ends: the content, and the deltas of a
+        call that only the end completes. `truncated`: max_tokens ended the choice, so an
+        unfinished block (or the start of one) is markup to drop, not the model's text."""
         rest, self._held = self._held, ""
-        if not self._in_block and rest.isspace() and self.calls:
-            return ""  # the line break after the last call
-        return rest
+        state, self._state = self._state, _TEXT
+        content, deltas = "", []
+        if state == _HEAD and not truncated:
+            call = self._parse(rest)  # a block that only the end closes
+            if call is None:
+                content = TOOL_CALL_START + rest  # not a call: the model's text
+            elif self.parallel or not self.calls:
+                deltas = self._new_call(call["function"]["name"], call["function"]["arguments"])
+        elif state == _TEXT and not (rest.isspace() and self.calls):
+            # (whitespace after the last call is the template's, and a cut-off start of
+            # a block is markup)
+            content = "" if truncated and rest.strip() else rest
+        self.done = len(self.calls)
+        return ("" if self.forced else content), deltas
+
+    def _read_head(self, content: list[str], deltas: list[dict[str, Any]]) -> bool:
+        """Read the open block's head; False when more text is needed."""
+        head = _CALL_HEAD.match(self._held)
+        if head is not None and head[1] in self.names:
+            self._held = self._held[head.end() :]
+            if self.parallel or not self.calls:
+                deltas += self._new_call(head[1], "")
+                self._state = _ARGUMENTS
+                self._depth, self._in_string, self._escaped = 0, False, False
+            else:  # a call after the first without parallel calls: dropped
+                self._state = _TAIL
+            return True
+        end = self._held.find(TOOL_CALL_END)
+        if end < 0:
+            return False
+        # the block closed without a call's head: a call in another key order, or text
+        body, self._held = self._held[:end], self._held[end + len(TOOL_CALL_END) :]
+        self._state = _TEXT
+        call = self._parse(body)
+        if call is None:
+            content.append(TOOL_CALL_START + body + TOOL_CALL_END)
+        elif self.parallel or not self.calls:
+            deltas += self._new_call(call["function"]["name"], call["function"]["arguments"])
+            self.done = len(self.calls)
+        return True
+
+    def _read_arguments(self) -> str:
+        """The held text up to the end of the arguments' JSON object (all of it while the
+        object is still open); past its end the block's tail follows."""
+        for i, c in enumerate(self._held):
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+                continue
+            if c == '"':
+                self._in_string = True
+            elif c in "{[":
+                self._depth += 1
+            elif c in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    piece, self._held = self._held[: i + 1], self._held[i + 1 :]
+                    self._state = _TAIL
+                    return piece
+            elif c == "<":  # JSON has no "<" outside strings: the block ends unfinished
+                piece, self._held = self._held[:i], self._held[i:]
+                self._state = _TAIL
+                return piece
+        piece, self._held = self._held, ""
+        return piece
+
+    def _new_call(self, name: str, arguments: str) -> list[dict[str, Any]]:
+        call = tool_call(name, arguments)
+        self.calls.append(call)
+        self._call = call
+        first = {**call, "function": {"name": name, "arguments": arguments}}  # a copy
+        return [{"index": len(self.calls) - 1, **first}]
+
+    def _add_arguments(self, piece: str, deltas: list[dict[str, Any]]) -> None:
+        self._call["function"]["arguments"] += piece
+        deltas.append({"index": len(self.calls) - 1, "function": {"arguments": piece}})
 
     def _parse(self, body: str) -> dict[str, Any] | None:
         try:
@@ -199,4 +330,15 @@ class ToolCallParser:
         arguments = value.get("arguments", {})
         if not isinstance(arguments, dict):
             return None
-        return tool_call(value["name"], arguments)
+        return tool_call(value["name"], json.dumps(arguments, ensure_ascii=False))
+
+
+def merge_deltas(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One delta per call: its pieces from one feed joined (the first keeps id and name)."""
+    out: list[dict[str, Any]] = []
+    for d in deltas:
+        if out and out[-1]["index"] == d["index"]:
+            out[-1]["function"]["arguments"] += d["function"]["arguments"]
+        else:
+            out.append({**d, "function": dict(d["function"])})
+    return out

@@ -22,7 +22,7 @@ from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.utils.process import free_port  # noqa: F401  (benchmarks import it from here)
 
 ZERO_FRONTEND = {"requests": 0, "pending_bytes": 0}
-ZERO_TOKENIZER = {"decode_states": 0, "grammar_compiles": 0}
+ZERO_TOKENIZER = {"decode_states": 0, "tokenizing": 0, "grammar_compiles": 0}
 ZERO_SCHEDULER = {
     "pending": 0,
     "running": 0,

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minisgl.message import DetokenizeMsg
+from minisgl.message import DetokenizeMsg, TokenInfo
 
 from .stop import StopStrings
 
 _REPLACEMENT = "\ufffd"
+_WINDOW = 8  # tokens of context for a token's text (text_offsets)
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Decoded:
     stop_hit: bool = False  # a stop string (not the scheduler) ended the choice
     text_offset: int = 0  # where this token's text starts in the choice's output
     cached_tokens: int = 0  # prompt tokens the scheduler found in its prefix cache
+    # on each choice's first message: the prompt logprobs, when asked (DecodeState)
+    prompt_logprobs: list[TokenInfo] | None = None
+    choice: ChoiceState | None = None  # the choice's state (its held-back logprobs)
 
 
 @dataclass
@@ -54,8 +58,11 @@ class ChoiceState:
     held: list[str] = field(default_factory=list)
     held_len: int = 0
     stop_state: list[int] = field(default_factory=list)  # StopStrings' matching state
+    # logprobs of tokens whose text is held back: they go out with it, or not at all
+    held_logprobs: list[TokenInfo] = field(default_factory=list)
     finish_reason: str | None = None
     echo: str = ""  # the prompt, sent ahead of the first token's text (completions' echo)
+    started: bool = False  # its first message has been decoded
 
 
 @dataclass
@@ -65,6 +72,10 @@ class DecodeState:
     stop: StopStrings | None = None
     min_tokens: int = 0
     cached_tokens: int = 0
+    # prompt logprobs, when asked: the prompt's ids until the scheduler's scores come, then
+    # their TokenInfos (the caller builds them), sent ahead of each choice's first output
+    prompt_ids: list[int] | None = None
+    prompt_infos: list[TokenInfo] | None = None
 
     @property
     def done(self) -> bool:
@@ -84,12 +95,15 @@ class DetokenizeManager:
         stop: list[str] | tuple[str, ...] = (),
         min_tokens: int = 0,
         echo: str = "",
+        prompt_ids: list[int] | None = None,
     ) -> None:
+        """`prompt_ids`: kept when the request asked for prompt logprobs."""
         stops = StopStrings(tuple(stop)) if stop else None
         choices = [
             ChoiceState(echo=echo, stop_state=stops.state() if stops else []) for _ in range(n)
         ]
-        self.decode_map[uid] = DecodeState(prompt_tokens, choices, stops, min_tokens)
+        state = DecodeState(prompt_tokens, choices, stops, min_tokens, prompt_ids=prompt_ids)
+        self.decode_map[uid] = state
 
     def remove(self, uid: int) -> None:
         self.decode_map.pop(uid, None)
@@ -129,12 +143,14 @@ class DetokenizeManager:
             choice = state.choices[msg.index]
             if choice.finish_reason is not None:
                 continue  # stopped by a stop string; the scheduler had not heard yet
-            choice.tokens += 1
             state.cached_tokens = max(state.cached_tokens, msg.cached_tokens)
             # an end token (EOS or a stop_token_id: finish_reason "stop" from the scheduler)
-            # ends the text; like a stop string, it is not part of it
-            if msg.finish_reason != "stop":
-                choice.ids.append(msg.next_token)
+            # ends the text; like a stop string, it is not part of it. No token at all: the
+            # choice ended with its prompt (max_tokens 0)
+            if msg.next_token is not None:
+                choice.tokens += 1
+                if msg.finish_reason != "stop":
+                    choice.ids.append(msg.next_token)
             live.append((i, state, choice, msg))
         before = self._decode([c.ids[c.prefix_offset : c.read_offset] for _, _, c, _ in live])
         after = self._decode([c.ids[c.prefix_offset :] for _, _, c, _ in live])
@@ -150,6 +166,7 @@ class DetokenizeManager:
                 delta = ""
             text, stop_hit = self._apply_stop(state, choice, delta, last)
             echo, choice.echo = choice.echo, ""  # the prompt goes out ahead of the first text
+            first, choice.started = not choice.started, True
             if stop_hit:
                 choice.finish_reason = "stop"
             elif last:
@@ -163,10 +180,27 @@ class DetokenizeManager:
                 stop_hit,
                 text_offset=choice.sent + len(echo),
                 cached_tokens=state.cached_tokens,
+                prompt_logprobs=state.prompt_infos if first else None,
+                choice=choice,
             )
             choice.sent += len(echo) + len(text)
             if state.done:
                 self.remove(msg.uid)
+
+    def text_offsets(self, ids: list[int]) -> list[int]:
+        """Where each token's text starts in the text of `ids` (decoded as the output is,
+        special tokens skipped): token i starts where the text of ids[:i] ends. Two batched
+        decodes over a window of WINDOW tokens before each one, which is context enough
+        for a character split over tokens (4 bytes at most) and for tokenizers that merge
+        spaces across tokens; a token that only begins a character is where it starts."""
+        spans = [ids[max(0, i - _WINDOW) : i] for i in range(len(ids))]
+        before = self._decode(spans)
+        upto = self._decode([span + [t] for span, t in zip(spans, ids)])
+        offsets, pos = [], 0
+        for old, new in zip(before, upto):
+            offsets.append(pos)
+            pos += max(0, len(new) - len(old))
+        return offsets
 
     # --8<-- [start:stop_strings]
     @staticmethod

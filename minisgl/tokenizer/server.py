@@ -8,7 +8,9 @@ Contract (per uid):
   here (counted as `grammar_compiles`) while other requests go on, then goes to the
   scheduler with its compiled grammar, or is answered with an error naming the field
   (response_format or tools) that did not compile, was too large, crashed the compiler or
-  outran its time limit. Compiled grammars (and refusals) are cached by their text.
+  outran its time limit. Compiled grammars (and refusals) are cached by their text. A
+  prompt that leaves a reasoning model inside its `<think>` block is told to the API
+  server with a UserReply carrying `reasoning_open`, ahead of any output.
 - AbortMsg: drop the decode state (or the wait for a compile) and forward AbortBackendMsg
   (the reference forwarded the abort but kept the decode state, which then leaked).
 - DetokenizeMsg: new text for one choice of the uid, sent on as a UserReply; when a stop
@@ -32,6 +34,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -60,7 +63,14 @@ from minisgl.message import (
 )
 
 from .detokenize import DetokenizeManager
-from .tokenize import ToolsUnsupported, build_prompt_ids, load_tokenizer, token_bytes
+from .tokenize import (
+    ToolsUnsupported,
+    build_prompt_ids,
+    load_tokenizer,
+    longest_token_bytes,
+    reasoning_open,
+    token_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +78,27 @@ logger = logging.getLogger(__name__)
 # schema again and again, and one that crashed the compiler must not crash it again
 COMPILE_CACHE_ENTRIES = 256
 COMPILE_CACHE_BYTES = 32 << 20
+# a request's constraint counts once per choice (n): n x its bytes may be this many times
+# --grammar-max-bytes (16 choices of a 32 KiB schema by default)
+GRAMMAR_BUDGET_FACTOR = 4
+# prompts of more text than this are tokenized on a thread of their own (a MB takes seconds)
+TOKENIZE_INLINE_BYTES = 32 << 10
+
+
+def _text_bytes(msg: TokenizeMsg) -> int:
+    """Bytes of text the prompt holds, at least (its messages' contents; tool calls and the
+    template's own text not counted): what bounds how few tokens it can become."""
+    if msg.messages is None:
+        return len((msg.text or "").encode())
+    size = 0
+    for m in msg.messages:
+        content = m.get("content")
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) else part
+            if isinstance(text, str):
+                size += len(text.encode())
+    return size
 
 
 @dataclass
@@ -89,6 +120,8 @@ class TokenizerWorker:
         timeline: bool = False,
         compiler=None,
         grammar_max_bytes: int = 1 << 17,
+        max_seq_len: int | None = None,
+        escape_special: bool = False,
     ) -> None:
         self.tokenizer = tokenizer
         self.detokenize_manager = DetokenizeManager(tokenizer)
@@ -98,11 +131,20 @@ class TokenizerWorker:
         self._batch = TimelineMsg([])  # events to pass on with the next send
         self.compiler = compiler  # grammar/pool.py's GrammarCompiler; None: none here
         self.grammar_max_bytes = grammar_max_bytes
+        self.escape_special = escape_special  # messages' text as plain text (no control tokens)
         self._compiling: dict[int, _Compiling] = {}  # uid -> request waiting for its grammar
         self._compiled: OrderedDict[tuple, tuple[str | None, int | None, str | None]] = (
             OrderedDict()
         )  # job -> (grammar, failed item, error): least recently used first
         self._compiled_bytes = 0
+        # a prompt longer than this many bytes of text cannot fit the context whatever its
+        # tokens: refused untokenized (None: no bound known)
+        self.max_seq_len = max_seq_len
+        self.longest_token_bytes = longest_token_bytes(tokenizer) if max_seq_len else 1
+        self.max_prompt_bytes = max_seq_len * self.longest_token_bytes if max_seq_len else None
+        self._tokenizing: dict[int, tuple[TokenizeMsg, Future]] = {}  # large prompts, FIFO
+        self._prompt_thread: ThreadPoolExecutor | None = None
+        self._wake_read = self._wake_write = -1
 
     def _event(self, uid: int, event: str, **detail) -> None:
         if self.timeline:
@@ -126,22 +168,30 @@ class TokenizerWorker:
     def state(self) -> dict[str, int]:
         return {
             "decode_states": len(self.detokenize_manager.decode_map),
+            "tokenizing": len(self._tokenizing),  # large prompts on the prompt thread
             "grammar_compiles": len(self._compiling),  # requests waiting for their grammar
         }
+
+    def _preparing(self, uid: int) -> bool:
+        return uid in self._tokenizing or uid in self._compiling
 
     def wait_ms(self, default: int) -> int:
         """How long the process loop may wait for messages before `handle([])` is due."""
         return self.compiler.wait_ms(default) if self._compiling else default
 
     def fds(self) -> list[int]:
-        """File descriptors that wake the process loop: the compile processes' answers."""
-        return self.compiler.fds() if self.compiler is not None else []
+        """File descriptors that wake the process loop: the compile processes' answers and
+        the prompt thread's."""
+        fds = self.compiler.fds() if self.compiler is not None else []
+        return fds + [self._wake_read] if self._prompt_thread is not None else fds
 
     # --8<-- [start:handle]
     def handle(self, msgs: list[TokenizerMsg]) -> None:
         to_backend: list[BackendMsg] = []
         to_frontend: list[FrontendMsg] = []
-        if self._compiling:  # grammars compiled since the last call go first
+        if self._tokenizing:  # large prompts tokenized since the last call go first
+            to_backend += self._take_tokenized(to_frontend)
+        if self.compiler is not None:  # then the grammars compiled (and what else they said)
             to_backend += self._take_compiled(to_frontend)
         run: list[DetokenizeMsg] = []  # consecutive tokens, decoded in one batch
         for msg in msgs:
@@ -153,11 +203,13 @@ class TokenizerWorker:
             if isinstance(msg, TokenizeMsg):
                 to_backend += self._tokenize(msg, to_frontend)
             elif isinstance(msg, AbortMsg):
-                if msg.uid in self.detokenize_manager.decode_map or msg.uid in self._compiling:
-                    self._event(msg.uid, "aborted")
-                self.detokenize_manager.remove(msg.uid)  # the decode state goes too
-                if self._compiling.pop(msg.uid, None) is not None:
-                    self.compiler.cancel(msg.uid)
+                uid = msg.uid
+                if uid in self.detokenize_manager.decode_map or self._preparing(uid):
+                    self._event(uid, "aborted")
+                self.detokenize_manager.remove(uid)  # the decode state goes too
+                self._tokenizing.pop(uid, None)  # its tokens are dropped when they come
+                if self._compiling.pop(uid, None) is not None:
+                    self.compiler.cancel(uid)
                 to_backend.append(AbortBackendMsg(msg.uid))
             elif isinstance(msg, BackendErrorMsg):
                 to_frontend += self._error(msg)
@@ -175,23 +227,85 @@ class TokenizerWorker:
     # --8<-- [end:handle]
 
     def _tokenize(self, msg: TokenizeMsg, to_frontend: list[FrontendMsg]) -> list[BackendMsg]:
+        if msg.input_ids_packed is not None:
+            return self._tokenized(msg, unpack_ids(msg.input_ids_packed), to_frontend)
+        size = _text_bytes(msg)
+        if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:
+            return self._refuse(msg.uid, self._too_long(size), to_frontend)
+        if size > TOKENIZE_INLINE_BYTES:  # seconds of work for a few MB: not on this loop
+            self._tokenize_later(msg)
+            return []
         try:
-            if msg.input_ids_packed is not None:
-                ids = unpack_ids(msg.input_ids_packed)
-            else:
-                prompt = msg.messages if msg.messages is not None else msg.text or ""
-                ids = build_prompt_ids(self.tokenizer, prompt, msg.tools)
-        except ToolsUnsupported as exc:
-            error = ErrorInfo(ErrorKind.INVALID_PROMPT, str(exc), "tools")
-            return self._refuse(msg.uid, error, to_frontend)
-        except Exception as exc:  # a template or tokenizer error is the request's, not ours
-            logger.info("uid %d: cannot tokenize: %s", msg.uid, exc)
-            error = ErrorInfo(ErrorKind.INVALID_PROMPT, f"cannot tokenize the prompt: {exc}")
-            return self._refuse(msg.uid, error, to_frontend)
+            ids = self._build(msg)
+        except Exception as exc:
+            return self._refuse(msg.uid, self._cannot_tokenize(msg, exc), to_frontend)
+        return self._tokenized(msg, ids, to_frontend)
+
+    def _build(self, msg: TokenizeMsg) -> list[int]:
+        prompt = msg.messages if msg.messages is not None else msg.text or ""
+        return build_prompt_ids(
+            self.tokenizer,
+            prompt,
+            msg.tools,
+            msg.add_generation_prompt,
+            msg.continue_final_message,
+            msg.chat_template_kwargs,
+            escape_special=self.escape_special,
+        )
+
+    @staticmethod
+    def _cannot_tokenize(msg: TokenizeMsg, exc: Exception) -> ErrorInfo:
+        if isinstance(exc, ToolsUnsupported):
+            return ErrorInfo(ErrorKind.INVALID_PROMPT, str(exc), "tools")
+        # a template or tokenizer error is the request's, not ours
+        logger.info("uid %d: cannot tokenize: %s", msg.uid, exc)
+        return ErrorInfo(ErrorKind.INVALID_PROMPT, f"cannot tokenize the prompt: {exc}")
+
+    def _too_long(self, size: int) -> ErrorInfo:
+        at_least = -(-size // self.longest_token_bytes)
+        return ErrorInfo(
+            ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+            f"the prompt is {size} bytes of text, so at least {at_least} tokens (no token of "
+            f"this model is longer than {self.longest_token_bytes} bytes), but this server's "
+            f"context is {self.max_seq_len} tokens; shorten the prompt",
+        )
+
+    def _tokenize_later(self, msg: TokenizeMsg) -> None:
+        """Tokenize on the prompt thread (the tokenizer releases the GIL); a pipe wakes the
+        process loop when it is done."""
+        if self._prompt_thread is None:
+            self._prompt_thread = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
+            self._wake_read, self._wake_write = os.pipe()
+            os.set_blocking(self._wake_read, False)
+        future = self._prompt_thread.submit(self._build, msg)
+        future.add_done_callback(lambda _: os.write(self._wake_write, b"!"))
+        self._tokenizing[msg.uid] = (msg, future)
+
+    def _take_tokenized(self, to_frontend: list[FrontendMsg]) -> list[BackendMsg]:
+        """Large prompts whose tokens are ready, in the order they came."""
+        try:
+            os.read(self._wake_read, 1 << 16)
+        except BlockingIOError:
+            pass
+        to_backend: list[BackendMsg] = []
+        for uid, (msg, future) in list(self._tokenizing.items()):
+            if not future.done():
+                break  # one thread, first come first served: the rest are not done either
+            del self._tokenizing[uid]
+            try:
+                ids = future.result()
+            except Exception as exc:
+                to_backend += self._refuse(uid, self._cannot_tokenize(msg, exc), to_frontend)
+                continue
+            to_backend += self._tokenized(msg, ids, to_frontend)
+        return to_backend
+
+    def _tokenized(self, msg: TokenizeMsg, ids: list[int], to_frontend) -> list[BackendMsg]:
+        """The prompt's tokens are known: compile its constraints, or send it on."""
         self._event(msg.uid, "tokenized", prompt_tokens=len(ids))
         job = self._compile_job(msg)
         if job is None:
-            return self._admit(msg, ids)
+            return self._admit(msg, ids, to_frontend)
         fields, items = job
         if (error := self._check_size(msg, fields, items)) is not None:
             return self._refuse(msg.uid, error, to_frontend)
@@ -206,9 +320,12 @@ class TokenizerWorker:
         self.compiler.submit(msg.uid, items)
         return []
 
-    def _admit(self, msg: TokenizeMsg, ids: list[int], grammar: str | None = None) -> list:
+    def _admit(
+        self, msg: TokenizeMsg, ids: list[int], to_frontend: list, grammar: str | None = None
+    ) -> list:
         """The request goes to the scheduler; its decode state is created here, with the
-        prompt, never by a first token."""
+        prompt, never by a first token. A prompt that leaves a reasoning model inside its
+        think block is told to the API server first."""
         params = msg.sampling_params
         echo = ""
         if msg.echo:
@@ -218,8 +335,16 @@ class TokenizerWorker:
                 else self.tokenizer.decode(ids, skip_special_tokens=True)
             )
         self.detokenize_manager.add(
-            msg.uid, len(ids), params.n, params.stop, params.min_tokens, echo=echo
+            msg.uid,
+            len(ids),
+            params.n,
+            params.stop,
+            params.min_tokens,
+            echo=echo,
+            prompt_ids=ids if params.prompt_logprobs is not None else None,
         )
+        if msg.reasoning is not None and reasoning_open(self.tokenizer, ids, msg.reasoning):
+            to_frontend.append(UserReply(msg.uid, reasoning_open=True))
         return [UserMsg.make(msg.uid, ids, params, grammar)]
 
     def _refuse(self, uid: int, error: ErrorInfo, to_frontend: list[FrontendMsg]) -> list:
@@ -252,17 +377,32 @@ class TokenizerWorker:
         return (fields, items) if items else None
 
     def _check_size(self, msg, fields, items) -> ErrorInfo | None:
-        """Schemas and grammars larger than --grammar-max-bytes are refused uncompiled."""
+        """Schemas and grammars larger than --grammar-max-bytes are refused uncompiled, and
+        so is a constraint followed by more choices than GRAMMAR_BUDGET_FACTOR times that
+        allows: each choice's matcher computes its own mask over the vocabulary every step."""
         limit = self.grammar_max_bytes
         for (param, where), (kind, text) in zip(fields, items):
             size = len(text.encode())
+            what = "JSON schema" if kind == "json_schema" else "grammar of the tools"
+            prefix = where or param + ": "
             if size > limit:
-                what = "JSON schema" if kind == "json_schema" else "grammar of the tools"
                 message = (
-                    f"{where or param + ': '}the {what} is {size} bytes; this server compiles "
-                    f"at most {limit} (--grammar-max-bytes)"
+                    f"{prefix}the {what} is {size} bytes; this server compiles at most "
+                    f"{limit} (--grammar-max-bytes)"
                 )
                 return ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, param)
+        n = msg.sampling_params.n
+        constraint = msg.sampling_params.json_schema or msg.sampling_params.grammar
+        budget = GRAMMAR_BUDGET_FACTOR * limit
+        if constraint is not None and n * len(constraint.encode()) > budget:
+            param, where = fields[-1]
+            message = (
+                f"{where or param + ': '}{n} choices each following {len(constraint.encode())} "
+                f"bytes of constraint is more than this server follows at once ({budget} "
+                f"bytes of constraint times choices: {GRAMMAR_BUDGET_FACTOR} x "
+                "--grammar-max-bytes); ask for fewer choices (n) or a smaller schema"
+            )
+            return ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, param)
         return None
 
     def _take_compiled(self, to_frontend: list[FrontendMsg]) -> list[BackendMsg]:
@@ -280,7 +420,7 @@ class TokenizerWorker:
         uid = waiting.msg.uid
         if error is None:
             self._event(uid, "compiled")
-            return self._admit(waiting.msg, waiting.ids, grammar)
+            return self._admit(waiting.msg, waiting.ids, to_frontend, grammar)
         param, where = waiting.fields[failed]
         if not where and not error.startswith("not a usable"):  # a crash or a time limit
             where = f"{param}: could not be compiled: "
@@ -305,6 +445,9 @@ class TokenizerWorker:
         if not run:
             return []
         replies: list[FrontendMsg] = []
+        for msg in run:
+            if msg.prompt_logprobs is not None:
+                self._prompt_infos(msg)
         decoded_run = self.detokenize_manager.feed(run)
         token_infos = self._token_infos(run, decoded_run)
         for msg, decoded, info in zip(run, decoded_run, token_infos):
@@ -328,9 +471,33 @@ class TokenizerWorker:
                     index=msg.index,
                     logprobs=info,
                     cached_tokens=decoded.cached_tokens,
+                    prompt_logprobs=decoded.prompt_logprobs,
                 )
             )
         return replies
+
+    def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:
+        """Each token's own text and bytes, for logprobs (one batched decode)."""
+        texts = self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False)
+        return texts, token_bytes(self.tokenizer, ids)
+
+    def _prompt_infos(self, msg: DetokenizeMsg) -> None:
+        """The scheduler's prompt logprobs as TokenInfos on the request's decode state, to go
+        ahead of each choice's first output; the first prompt token has no logprob."""
+        state = self.detokenize_manager.decode_map.get(msg.uid)
+        if state is None or state.prompt_ids is None:
+            return  # aborted meanwhile
+        ids, state.prompt_ids = state.prompt_ids, None
+        alternatives = [token for lp in msg.prompt_logprobs for token, _ in lp.top]
+        texts, raws = self._texts(ids + alternatives)
+        offsets = self.detokenize_manager.text_offsets(ids)
+        infos = [TokenInfo(texts[0], raws[0], None, 0)]
+        alt = len(ids)  # where the next position's alternatives are in texts/raws
+        for i, lp in enumerate(msg.prompt_logprobs, 1):
+            top = [(texts[alt + j], raws[alt + j], v) for j, (_, v) in enumerate(lp.top)]
+            alt += len(top)
+            infos.append(TokenInfo(texts[i], raws[i], lp.logprob, offsets[i], top))
+        state.prompt_infos = infos
 
     def _token_infos(self, run, decoded_run) -> list[list[TokenInfo] | None]:
         """Token texts for the replies that carry logprobs, decoded in one batched call."""
@@ -344,8 +511,7 @@ class TokenizerWorker:
         for i in wanted:  # the sampled token, then its alternatives
             ids.append(run[i].next_token)
             ids += [token for token, _ in run[i].logprob.top]
-        texts = iter(self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False))
-        raws = iter(token_bytes(self.tokenizer, ids))
+        texts, raws = map(iter, self._texts(ids))
         for i in wanted:
             lp, decoded = run[i].logprob, decoded_run[i]
             token, raw = next(texts), next(raws)
@@ -355,8 +521,23 @@ class TokenizerWorker:
             offset = decoded.text_offset
             if token and decoded.text.endswith(token):
                 offset += len(decoded.text) - len(token)
-            infos[i] = [TokenInfo(token, raw, lp.logprob, offset, top)]
+            info = TokenInfo(token, raw, lp.logprob, offset, top)
+            infos[i] = self._with_text(decoded, info)
         return infos
+
+    @staticmethod
+    def _with_text(decoded, info: TokenInfo) -> list[TokenInfo] | None:
+        """A token's logprob goes out with its text, so that the logprobs' bytes spell the
+        content: held back while its text is (part of a character, or of what may be a
+        stop string), and dropped when its text never comes (an end token, a character
+        never completed)."""
+        held = decoded.choice.held_logprobs
+        if decoded.text:
+            decoded.choice.held_logprobs = []
+            return [*held, info]
+        if decoded.finish_reason is None:
+            held.append(info)
+        return None
 
     def _error(self, msg: BackendErrorMsg) -> list[FrontendMsg]:
         state = self.detokenize_manager.decode_map.get(msg.uid)
@@ -391,7 +572,13 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
         tokenizer = load_tokenizer(model_dir, args.chat_template)
         if tokenizer is None:
             raise RuntimeError(f"{model_dir} has no tokenizer: the server needs one")
-        table = TokenTable.of(tokenizer, ModelConfig.from_dir(model_dir).vocab_size)
+        model = ModelConfig.from_dir(model_dir)
+        table = TokenTable.of(tokenizer, model.vocab_size)
+        # the engine's context is at most this (it may be less: the KV pool bounds it too)
+        context = min(
+            args.engine_config.max_seq_len or model.max_position_embeddings,
+            model.max_position_embeddings,
+        )
         compiler = GrammarCompiler(table, timeout=args.grammar_compile_timeout)
         inbox = PullQueue(channels.tokenizer, TokenizerMsg)
         to_scheduler = PushQueue(channels.scheduler, BackendMsg)
@@ -403,6 +590,8 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
             timeline=args.debug_history > 0,
             compiler=compiler,
             grammar_max_bytes=args.grammar_max_bytes,
+            max_seq_len=context,
+            escape_special=args.escape_special_tokens,
         )
     except Exception as exc:
         ready.send(("error", f"tokenizer worker failed to start: {exc}"))

@@ -4,10 +4,14 @@ Contract: `load_tokenizer(model_dir, chat_template=None)` returns a Hugging Face
 tokenizer from a model folder, or None when the folder has no tokenizer (a bare config for
 --dummy-weights benchmarks: such a model takes token ids only); `chat_template` (a file or
 the name of one shipped in templates/) replaces the model's own.
-`build_prompt_ids(tokenizer, prompt, tools=None)` turns what a user sent (plain text, chat
-messages, or token ids) into prompt token ids: chat messages go through the chat template
-with the generation prompt appended, and with the request's tools when it has some; plain
-text is encoded as is.
+`build_prompt_ids(tokenizer, prompt, tools=None, ...)` turns what a user sent (plain text,
+chat messages, or token ids) into prompt token ids: chat messages go through the chat
+template with the generation prompt appended (or the last message continued), with the
+request's tools when it has some and its extra template variables; plain text is encoded
+as is. `escape_special=True` (--escape-special-tokens) tokenizes the messages' texts as
+plain text: control tokens typed into a message stay characters.
+`reasoning_open(tokenizer, ids, parser)` says whether a prompt leaves the model inside a
+`<think>` block (--reasoning-parser).
 
 Tool calls are read back from the output in one format, Hermes-style `<tool_call>` blocks
 of JSON (Qwen2.5, Qwen3, and the template shipped for the embedded SmolLM2). A template
@@ -29,6 +33,11 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 
 TEMPLATES = Path(__file__).parent / "templates"  # chat templates shipped with minisgl
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+# a reasoning model's thinking (Qwen3, DeepSeek-R1), read out by --reasoning-parser
+THINK_START, THINK_END = "<think>", "</think>"
+# per --reasoning-parser: whether the output starts inside the think block when the prompt
+# shows neither marker (a DeepSeek-R1 model often thinks without writing `<think>`)
+REASONING_STARTS_OPEN = {"qwen3": False, "deepseek-r1": True}
 
 
 class ToolsUnsupported(ValueError):
@@ -87,7 +96,18 @@ def _check_tools(tokenizer) -> None:
         raise ToolsUnsupported(why)
 
 
-def build_prompt_ids(tokenizer, prompt: Prompt, tools: list[dict] | None = None) -> list[int]:
+def build_prompt_ids(
+    tokenizer,
+    prompt: Prompt,
+    tools: list[dict] | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    template_kwargs: dict[str, Any] | None = None,
+    escape_special: bool = False,
+) -> list[int]:
+    """`add_generation_prompt`, `continue_final_message` (the last message left open, for
+    the model to go on with) and `template_kwargs` (more variables for the template, such
+    as `enable_thinking`) reach the chat template as transformers passes them."""
     if tokenizer is None and not all(isinstance(t, int) for t in prompt):
         raise ValueError("this model folder has no tokenizer: give prompts as token ids")
     if isinstance(prompt, str):
@@ -99,9 +119,15 @@ def build_prompt_ids(tokenizer, prompt: Prompt, tools: list[dict] | None = None)
             raise ValueError("this model's tokenizer has no chat template; send a plain prompt")
         if tools:
             _check_tools(tokenizer)
-        ids = tokenizer.apply_chat_template(
-            prompt, tools=tools or None, add_generation_prompt=True, tokenize=True
+        options = dict(
+            tools=tools or None,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            **(template_kwargs or {}),
         )
+        if escape_special:
+            return _escaped_chat_ids(tokenizer, prompt, options)
+        ids = tokenizer.apply_chat_template(prompt, tokenize=True, **options)
         if isinstance(ids, dict) or hasattr(
             ids, "input_ids"
         ):  # transformers 5 returns BatchEncoding
@@ -110,6 +136,70 @@ def build_prompt_ids(tokenizer, prompt: Prompt, tools: list[dict] | None = None)
     if not prompt:
         return []
     raise TypeError("a prompt is a string, a list of token ids or a list of chat messages")
+
+
+_MARK = re.compile("\ue000(\\d+)\ue001")  # a message's content, in a rendered template
+
+
+def _escaped_chat_ids(tokenizer, messages: list[dict], options: dict) -> list[int]:
+    """The chat template's tokens with every message's text tokenized as plain text: a
+    `<|im_start|>system` typed into a message is those characters, not the control token
+    that opens a turn (so a user cannot forge a system turn). The template is rendered with
+    a marker in place of each text, and the texts are tokenized apart, special tokens
+    split into ordinary ones."""
+    texts: list[str] = []
+
+    def mark(text: str) -> str:
+        texts.append(text)
+        return f"\ue000{len(texts) - 1}\ue001"
+
+    masked = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, str):
+            m = {**m, "content": mark(content)}
+        elif isinstance(content, list):
+            parts = [
+                {**p, "text": mark(p["text"])} if isinstance(p.get("text"), str) else p
+                for p in content
+            ]
+            m = {**m, "content": parts}
+        masked.append(m)
+    rendered = tokenizer.apply_chat_template(masked, tokenize=False, **options)
+    ids: list[int] = []
+    for i, piece in enumerate(_MARK.split(rendered)):
+        if i % 2 == 0:  # the template's own text: its control tokens are real
+            ids += tokenizer.encode(piece, add_special_tokens=False)
+        else:
+            text = texts[int(piece)]
+            ids += tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    return ids
+
+
+def reasoning_open(tokenizer, ids: list[int], parser: str) -> bool:
+    """Whether the output after prompt `ids` starts inside a think block: the prompt's
+    last marker is `<think>` (the template opened the block), or, with neither marker in
+    the prompt, what `parser` expects of its models (REASONING_STARTS_OPEN)."""
+    start, end = _token_id(tokenizer, THINK_START), _token_id(tokenizer, THINK_END)
+    if start is not None and end is not None:  # one token each: search the ids themselves
+        backwards = ids[::-1]
+        last_start = len(ids) - backwards.index(start) if start in backwards else 0
+        last_end = len(ids) - backwards.index(end) if end in backwards else 0
+        if last_start or last_end:
+            return last_start > last_end
+    else:  # markers of several tokens: the prompt's end, as text
+        tail = tokenizer.decode(ids[-256:], skip_special_tokens=False)
+        if THINK_START in tail or THINK_END in tail:
+            return tail.rfind(THINK_START) > tail.rfind(THINK_END)
+    return REASONING_STARTS_OPEN[parser]
+
+
+def _token_id(tokenizer, token: str) -> int | None:
+    """The id of `token` when the vocabulary has it as one token."""
+    i = tokenizer.convert_tokens_to_ids(token)
+    if i is None or i == tokenizer.unk_token_id and token != tokenizer.unk_token:
+        return None
+    return i
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -141,3 +231,9 @@ def token_bytes(tokenizer, ids: list[int]) -> list[bytes]:
         else:  # SentencePiece word pieces: "▁" is a space
             out.append(piece.replace("\u2581", " ").encode())
     return out
+
+
+def longest_token_bytes(tokenizer) -> int:
+    """The most bytes of text one token of `tokenizer` stands for: a text of n bytes is at
+    least n / this many tokens, whatever it says."""
+    return max(1, max(map(len, token_bytes(tokenizer, list(range(len(tokenizer))))), default=1))

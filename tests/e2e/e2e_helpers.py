@@ -41,6 +41,11 @@ class ServerSpec:
     shared: bool = False
 
 
+# the embedded default model (SmolLM2-135M-Instruct, real weights), one server for the
+# modules that need a model that answers sensibly (test_default_model_server.py,
+# test_agents_e2e.py, test_clients_e2e.py, test_client_envs_e2e.py)
+DEFAULT_MODEL_SERVER = ServerSpec(None, shared=True)
+
 # test_protocol_*.py: the tiny Llama with a 2048-token context (a long generation stays in
 # flight for seconds) and 4-token KV pages (page sharing between the n choices of a request
 # is visible in page counts)

@@ -11,12 +11,19 @@ from typing import Literal
 import httpx
 import jsonschema
 import pytest
-from e2e_helpers import SSE_DONE, ServerSpec, chat_body, chat_url, chunk_text, sse_chunks
+from e2e_helpers import (
+    DEFAULT_MODEL_SERVER,
+    SSE_DONE,
+    chat_body,
+    chat_url,
+    chunk_text,
+    sse_chunks,
+)
 from pydantic import BaseModel, Field
 
 CHAPTER_PROMPT = "什么是 KV Cache？"
 
-pytestmark = pytest.mark.server(ServerSpec(None))
+pytestmark = pytest.mark.server(DEFAULT_MODEL_SERVER)
 
 
 def test_chapter_request_non_streaming(server):

@@ -14,7 +14,10 @@ import time
 
 import httpx
 import pytest
+from common import cpu_seconds
 from e2e_helpers import ServerSpec, assert_error_body, chat_body, chat_url, wait_state
+
+from minisgl.testing.server import inbox_owner
 
 COMPILE_TIMEOUT = 3.0
 pytestmark = pytest.mark.server(
@@ -78,6 +81,11 @@ def test_a_schema_that_crashes_the_grammar_library_is_a_400_and_the_server_serve
         assert "crashed" in error["message"] and "SIGSEGV" in error["message"], error
     assert httpx.get(f"{server.base_url}/health").status_code == 200
     _assert_still_serves(server)
+    # the replaced compile process said it was ready: heard, not left to wake the loop
+    tokenizer = inbox_owner(server, "tokenizer")
+    before = cpu_seconds(tokenizer)
+    time.sleep(2.0)
+    assert cpu_seconds(tokenizer) - before < 0.5, "the idle tokenizer worker spins"
 
 
 def test_a_tool_whose_parameters_crash_the_grammar_library_is_a_400_naming_it(server):

@@ -463,7 +463,6 @@ UNSUPPORTED = [
     ("completions", "suffix", {"suffix": "!"}),
     ("completions", "best_of", {"best_of": 2}),
     ("completions", "best_of", {"best_of": 3, "n": 2}),
-    ("completions", "echo", {"echo": True, "logprobs": 1}),
 ]
 
 

@@ -144,13 +144,23 @@ async def test_a_stopped_rank_ends_every_request_within_the_timeout(start_server
             os.kill(rank1, signal.SIGKILL)
 
 
-def test_sigterm_stops_every_rank_also_while_one_is_stopped(start_server):
+@pytest.mark.parametrize("second", [False, True], ids=["once", "twice"])
+def test_sigterm_stops_every_rank_also_while_one_is_stopped(start_server, second):
     server = start_server("llama", *TP, "--dist-timeout", str(DIST_TIMEOUT))
     ipc = ipc_dir(server)
     (rank1,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
     os.kill(rank1, signal.SIGSTOP)
     try:
-        assert server.stop(signal.SIGTERM) == 0, server.log()[-3000:]
+        server.proc.send_signal(signal.SIGTERM)
+        if second:  # while the stopped rank is being stopped: it hurries, never kills
+            deadline = time.monotonic() + 10
+            while server.proc.poll() is None and time.monotonic() < deadline:
+                if "stopping:" in server.log():
+                    time.sleep(0.5)
+                    server.proc.send_signal(signal.SIGTERM)
+                    break
+                time.sleep(0.05)
+        assert server.stop(signal.SIGTERM, timeout=60) == 0, server.log()[-3000:]
         assert_all_gone(server, ipc)
     finally:
         with contextlib.suppress(ProcessLookupError):

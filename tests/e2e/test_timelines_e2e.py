@@ -36,8 +36,8 @@ def _headers(request_id: str) -> dict[str, str]:
     return {**AUTH, "X-Request-Id": request_id}
 
 
-def _requests(server) -> dict:
-    r = httpx.get(server.base_url + "/debug/requests", headers=AUTH, timeout=10)
+def _requests(server, **params) -> dict:
+    r = httpx.get(server.base_url + "/debug/requests", params=params, headers=AUTH, timeout=10)
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -46,7 +46,7 @@ def _ended(server, request_id: str, processes: set[str], timeout: float = 10.0) 
     """The ended timeline of `request_id`, once each of `processes` has recorded its end."""
     deadline = time.monotonic() + timeout
     while True:
-        found = [t for t in _requests(server)["ended"] if t["request_id"] == request_id]
+        found = _requests(server, request_id=request_id)["ended"]
         if found:
             ends = {e["process"] for e in found[0]["events"] if e["event"] in END_EVENTS}
             if processes <= ends:
@@ -165,3 +165,21 @@ def test_the_debug_routes_need_the_key(server):
     assert "src=" not in page.text and "<link" not in page.text  # nothing from elsewhere
     assert httpx.get(base + "/debug/requests", headers={"authorization": basic}).status_code == 200
     assert httpx.get(base + "/debug/requests", headers=AUTH).status_code == 200
+
+
+def test_one_answer_is_bounded_however_long_the_history(server):
+    with httpx.Client(headers=AUTH, timeout=30) as http:
+        for _ in range(120):
+            body = tokens_body(server, 1)
+            assert http.post(chat_url(server), json=body).status_code == 200
+        first = _requests(server)  # the default: at most 100 of each
+        assert len(first["ended"]) == 100 and first["ended_total"] >= 120
+        newest = first["ended_total"]
+        assert http.post(chat_url(server), json=tokens_body(server, 1)).status_code == 200
+        time.sleep(0.2)
+        new = _requests(server, since=newest)["ended"]  # what a poller asks next
+        assert [t["seq"] for t in new] == [newest + 1]
+        assert len(_requests(server, limit=7)["ended"]) == 7
+        for bad in ({"limit": 0}, {"limit": 100_000}, {"since": -1}):
+            r = http.get(server.base_url + "/debug/requests", params=bad)
+            assert r.status_code == 400, (bad, r.text)

@@ -1,6 +1,7 @@
 """A frozen worker (SIGSTOP) is reported: /health answers 503 naming it once it has missed
-its heartbeat for --worker-heartbeat-timeout seconds, and 200 again once it runs on
-(SIGCONT), after which requests are served as before. The scheduler and the tokenizer
+its heartbeat for --worker-heartbeat-timeout seconds, new requests are refused with the
+same 503 at once (not admitted to hang behind it), and /health is 200 again once it runs
+on (SIGCONT), after which requests are served as before. The scheduler and the tokenizer
 worker each, on the real server (tiny Llama)."""
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ def test_a_frozen_worker_is_unhealthy_until_it_runs_again(server, worker):
         assert time.monotonic() - stopped >= TIMEOUT_S - 0.6  # not before it is overdue
         error = assert_error_body(r.json(), "backend_unavailable")
         assert f"the {worker} process has not answered" in error["message"]
+        for stream in (False, True):  # refused at once, not left to hang
+            start = time.monotonic()
+            refused = httpx.post(chat_url(server), json=tokens_body(server, 3, stream=stream))
+            assert refused.status_code == 503 and time.monotonic() - start < 2.0, refused.text
+            assert f"the {worker} process" in refused.json()["error"]["message"]
     finally:
         os.kill(pid, signal.SIGCONT)
     _wait_health(server, 200, 3.0)

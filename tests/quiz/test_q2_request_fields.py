@@ -75,6 +75,21 @@ VARIANTS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"tools": [TOOL], "tool_choice": "required"},
         {"tools": [TOOL], "tool_choice": "required", "parallel_tool_calls": False},
     ),
+    "reasoning_effort": ({}, {"reasoning_effort": "low"}),
+    "chat_template_kwargs": ({}, {"chat_template_kwargs": {"enable_thinking": False}}),
+    "add_generation_prompt": ({}, {"add_generation_prompt": False}),
+    "continue_final_message": ({}, {"continue_final_message": True}),
+    # official fields a self-hosted server has no use for
+    "store": ({}, {"store": True}),
+    "metadata": ({}, {"metadata": {"team": "docs"}}),
+    "service_tier": ({}, {"service_tier": "auto"}),
+    "prompt_cache_key": ({}, {"prompt_cache_key": "learner-42"}),
+    "prompt_cache_retention": ({}, {"prompt_cache_retention": "24h"}),
+    "safety_identifier": ({}, {"safety_identifier": "hash-42"}),
+    "verbosity": ({}, {"verbosity": "low"}),
+    "prediction": ({}, {"prediction": {"type": "content", "content": "KV"}}),
+    "modalities": ({}, {"modalities": ["text"]}),
+    "audio": ({}, {"audio": None}),  # only null is served
 }
 
 REQUESTS = {
@@ -86,6 +101,11 @@ REQUESTS = {
     "logprobs": {"logprobs": True, "top_logprobs": 3, "temperature": 0.0},
     "streamed": {"stream": True, "stream_options": {"include_usage": True}, "user": "u"},
     "tools": {"tools": [TOOL], "tool_choice": "required"},
+    "template_fields": {
+        "chat_template_kwargs": {"enable_thinking": False},
+        "reasoning_effort": "none",
+    },
+    "continued": {"continue_final_message": True},
 }
 
 

@@ -37,3 +37,16 @@ def test_non_positive_values_are_refused(flag, capsys) -> None:
 def test_split_options_sorts_by_owner() -> None:
     engine, scheduler, rest = split_options({"page_size": 4, "max_prefill_tokens": 8, "port": 1})
     assert (engine, scheduler, rest) == ({"page_size": 4}, {"max_prefill_tokens": 8}, {"port": 1})
+
+
+@pytest.mark.parametrize("where", ["flag", "env"])
+def test_an_empty_api_key_is_refused_rather_than_turning_authentication_off(
+    where, monkeypatch, capsys
+) -> None:
+    monkeypatch.delenv("MINISGL_API_KEY", raising=False)
+    if where == "env":
+        monkeypatch.setenv("MINISGL_API_KEY", "")
+    with pytest.raises(SystemExit):
+        parse_args(["--api-key", " "] if where == "flag" else [])
+    name = "--api-key" if where == "flag" else "$MINISGL_API_KEY"
+    assert f"{name} is empty" in capsys.readouterr().err

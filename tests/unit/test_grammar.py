@@ -132,3 +132,19 @@ def test_a_schema_that_crashes_the_grammar_library_fails_only_its_request(tiny_d
         assert bad.error is not None and "crashed (signal SIGSEGV)" in bad.error, bad.error
         assert bad.error.startswith("json_schema")
         _check(llm, [good], [SCHEMAS[1]])
+
+
+def test_a_constraint_the_grammar_library_gives_up_on_is_an_error_not_a_finish(tiny_dirs):
+    # hundreds of optional properties: llguidance's parser row limit (2000 items) is hit
+    # after the first token; the output so far ("{") would not parse
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(500)}}
+    with LLM(str(tiny_dirs["llama"]), device="cpu", page_size=4) as llm:
+        free = SamplingParams(max_tokens=6, ignore_eos=True)
+        broken, fine = llm.generate(
+            [PROMPTS[0], PROMPTS[1]], [_params(wide, temperature=1.0, seed=2, n=2), free]
+        )
+        assert broken.error is not None and "could not follow" in broken.error, broken
+        assert all(o.finish_reason is None for o in broken.outputs)
+        assert len(fine.token_ids) == 6 and fine.error is None
+        state = llm.scheduler.state()
+        assert state["grammar_matchers"] == 0 and state["kv_pages_used"] == 0

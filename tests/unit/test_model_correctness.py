@@ -78,6 +78,25 @@ def test_chunked_prefill_matches_transformers(arch, overlap, tiny_dirs, referenc
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
 @pytest.mark.parametrize("arch", ARCHS)
+def test_one_token_prefill_chunks_match_transformers(arch, overlap, tiny_dirs, references):
+    # a step of one-token chunks looks like a decode step, yet most of its rows do not
+    # sample (the prompt goes on): the rows that do must be the ones sampled from (the
+    # pacer gives chunks this small on a slow CPU, and so does a budget's last token)
+    llm = LLM(
+        str(tiny_dirs[arch]),
+        device="cpu",
+        page_size=4,
+        max_prefill_tokens=1,
+        num_pages=40,
+        overlap_schedule=overlap,
+    )
+    outs = llm.generate(PROMPTS, _greedy())
+    assert [o.token_ids for o in outs] == references[arch]
+    assert llm.scheduler.state()["kv_pages_used"] == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
+@pytest.mark.parametrize("arch", ARCHS)
 def test_preemption_under_a_small_kv_pool_still_matches(
     arch, overlap, tiny_dirs, references
 ) -> None:

@@ -165,3 +165,26 @@ def test_aborting_one_of_two_sharers_leaves_the_other_alone(abort_at, tiny_dirs)
     state = shared.state()
     assert state["kv_pages_used"] == 0 and state["table_slots_used"] == 0
     assert state["kv_pages_cached"] == state["prefix_cache_nodes"] > 0
+
+
+def test_cached_prefixes_are_shared_only_between_equal_salts(tiny_dirs) -> None:
+    from dataclasses import replace
+
+    llm = _llm(tiny_dirs, "llama", "radix")
+    alice, bob = replace(GREEDY, cache_salt="alice"), replace(GREEDY, cache_salt="bob")
+    (first,) = llm.generate([SYSTEM + TAILS[0]], alice)
+    # the same prefix: found under the same salt only, arriving apart or together
+    (other,) = llm.generate([SYSTEM + TAILS[1]], bob)
+    (unsalted,) = llm.generate([SYSTEM + TAILS[1]], GREEDY)
+    (same,) = llm.generate([SYSTEM + TAILS[2]], alice)
+    assert (first.cached_tokens, other.cached_tokens, unsalted.cached_tokens) == (0, 0, 0)
+    assert same.cached_tokens == 20
+    together = llm.generate(
+        [SYSTEM + TAILS[3], SYSTEM + TAILS[4]], [replace(GREEDY, cache_salt="carol"), bob]
+    )
+    assert [o.cached_tokens for o in together] == [0, 20]  # bob's own pages from before
+    # the salt changes which pages are reused, never a token
+    off = _llm(tiny_dirs, "llama", "none")
+    assert _tokens(together) == _tokens(
+        off.generate([SYSTEM + TAILS[3], SYSTEM + TAILS[4]], GREEDY)
+    )

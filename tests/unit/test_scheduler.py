@@ -62,7 +62,7 @@ def test_over_long_prompt_is_an_error_reply_not_silence(sched) -> None:
 @pytest.mark.parametrize(
     ("params", "param"),
     [
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -1}, "max_tokens"),  # 0 is valid: the prompt is only prefilled
         ({"max_tokens": -3}, "max_tokens"),
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),

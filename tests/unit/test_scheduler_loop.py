@@ -150,7 +150,7 @@ def test_an_over_long_prompt_mid_batch_errors_alone_and_the_others_complete(sche
 
 def test_the_error_reply_goes_out_with_the_first_step_not_after_the_batch(sched) -> None:
     script = [
-        WhenIdle([_user(1, 5, max_tokens=10, ignore_eos=True), _user(2, 5, max_tokens=0)]),
+        WhenIdle([_user(1, 5, max_tokens=10, ignore_eos=True), _user(2, 5, max_tokens=-1)]),
         WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)

@@ -63,6 +63,26 @@ def test_the_ring_of_ended_timelines_is_bounded_and_late_events_find_theirs():
     assert store.late_events == 0
 
 
+def test_an_answer_is_bounded_by_limit_and_since_asks_for_what_is_new():
+    clock = Clock()
+    store = Timelines(history=1000, clock=clock)
+    for uid in range(300):
+        store.start(uid, f"r{uid}", "/v1/completions", clock(), clock())
+        if uid < 290:  # ten stay in flight
+            store.end(uid, "finished", clock(), 4, 2, reason="stop")
+    snap = store.snapshot({}, limit=50)
+    assert len(snap["ended"]) == 50 and len(snap["in_flight"]) == 10
+    assert [t["seq"] for t in snap["ended"][:3]] == [290, 289, 288]  # newest first
+    assert (snap["ended_total"], snap["in_flight_total"]) == (290, 10)
+    assert store.snapshot({}, limit=5)["in_flight"][-1]["uid"] == 294  # in flight too
+    assert store.snapshot({}, since=290)["ended"] == []  # nothing ended since
+    store.end(295, "aborted", clock(), 4, 0)
+    new = store.snapshot({}, since=290)["ended"]
+    assert [(t["uid"], t["seq"]) for t in new] == [(295, 291)]
+    (one,) = store.snapshot({}, request_id="r7")["ended"]
+    assert one["uid"] == 7 and store.snapshot({}, request_id="nope")["ended"] == []
+
+
 def test_nothing_is_recorded_after_a_process_ends_a_request():
     clock = Clock()
     store = Timelines(history=8, clock=clock)

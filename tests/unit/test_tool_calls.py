@@ -8,19 +8,20 @@ and the chat templates' tool support."""
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import jsonschema
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError
 from tiny import make_tokenizer
 
 from minisgl import LLM, SamplingParams
 from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.formats import ChatFormat
 from minisgl.server.protocol import ChatCompletionRequest
-from minisgl.server.tools import MAX_PARALLEL_CALLS, ToolCalling, ToolCallParser, _closed
+from minisgl.server.tools import MAX_PARALLEL_CALLS, ToolCalling, ToolCallParser, closed_schema
 from minisgl.tokenizer.tokenize import (
     ToolsUnsupported,
     build_prompt_ids,
@@ -55,14 +56,38 @@ TWO_CALLS = (
 )
 
 
-def parse_in_pieces(text: str, cuts: list[int], parallel: bool = True):
-    parser = ToolCallParser(NAMES, parallel)
-    content, calls = "", []
+def parse_in_pieces(
+    text: str,
+    cuts: list[int],
+    parallel: bool = True,
+    truncated: bool = False,
+    forced: bool = False,
+    names: set[str] = NAMES,
+):
+    """(content, calls) of `text` fed in pieces cut at `cuts`; the calls as the deltas
+    add them up, checked against the parser's own whole calls."""
+    parser = ToolCallParser(names, parallel, forced)
+    content, deltas = "", []
     for a, b in zip([0, *cuts], [*cuts, len(text)]):
         piece, new = parser.feed(text[a:b])
         content += piece
-        calls += new
-    return content + parser.close(), calls
+        deltas += new
+    rest, new = parser.close(truncated)
+    calls = assembled(deltas + new)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in parser.calls] == calls
+    return content + rest, parser.calls
+
+
+def assembled(deltas) -> list[tuple[str, str]]:
+    """Streamed tool-call deltas put together as a client does: (name, arguments)."""
+    calls: dict[int, list[str]] = {}
+    for d in deltas:
+        if "id" in d:
+            assert d["index"] not in calls and d["type"] == "function" and d["function"]["name"]
+            calls[d["index"]] = [d["function"]["name"], ""]
+        calls[d["index"]][1] += d["function"]["arguments"]
+    assert sorted(calls) == list(range(len(calls)))
+    return [tuple(calls[i]) for i in sorted(calls)]
 
 
 def named(calls) -> list[tuple[str, dict]]:
@@ -81,15 +106,34 @@ def test_text_split_at_any_point_parses_like_the_whole():
     assert (content, named(calls)) == (whole[0], named(whole[1]))
 
 
-def test_each_call_is_sent_as_soon_as_its_block_closes():
+def test_a_call_is_named_once_its_head_is_read_and_its_arguments_stream_as_decoded():
     parser = ToolCallParser(NAMES)
-    first_end = TWO_CALLS.index("</tool_call>") + len("</tool_call>")
-    content, calls = parser.feed(TWO_CALLS[:first_end])
-    assert content == "Let me look." and named(calls) == [("get_weather", {"city": "Paris"})]
-    _, calls = parser.feed(TWO_CALLS[first_end:-1])
-    assert named(calls) == [("get_time", {"tz": "CET"})]
+    head_end = TWO_CALLS.index('"arguments": ') + len('"arguments": ')
+    content, deltas = parser.feed(TWO_CALLS[:head_end])
+    assert content == "Let me look." and deltas == []  # the arguments have not begun
+    _, (first,) = parser.feed(TWO_CALLS[head_end : head_end + 1])  # their "{"
+    assert first["index"] == 0 and first["id"].startswith("call_") and first["type"] == "function"
+    assert first["function"] == {"name": "get_weather", "arguments": "{"}
+    pieces = []
+    for c in TWO_CALLS[head_end + 1 : TWO_CALLS.index("</tool_call>")]:  # char by char
+        _, deltas = parser.feed(c)
+        pieces += [(d["index"], d["function"]["arguments"]) for d in deltas]
+    assert all(set(d) == {"index", "function"} for d in deltas)  # no id or name again
+    assert "".join(p for _, p in pieces) == '"city": "Paris"}' and {i for i, _ in pieces} == {0}
+    _, deltas = parser.feed(TWO_CALLS[TWO_CALLS.index("</tool_call>") :])
+    assert [(d["index"], d["function"]) for d in deltas] == [
+        (1, {"name": "get_time", "arguments": '{"tz": "CET"}'})
+    ]
     ids = [c["id"] for c in parser.calls]
     assert len(set(ids)) == 2 and all(i.startswith("call_") for i in ids)
+
+
+def test_markup_inside_argument_strings_is_data():
+    text = block("get_weather", {"city": "a </tool_call> <tool_call> b"}) + " after"
+    for cuts in ([], list(range(1, len(text)))):
+        content, calls = parse_in_pieces(text, cuts)
+        assert content == " after"
+        assert named(calls) == [("get_weather", {"city": "a </tool_call> <tool_call> b"})]
 
 
 @pytest.mark.parametrize(
@@ -98,7 +142,7 @@ def test_each_call_is_sent_as_soon_as_its_block_closes():
         "<tool_call>\n{not json}\n</tool_call>",
         block("launch_rocket", {}),  # no such tool
         block("get_time", "CET"),  # arguments that are not an object
-        "<tool_call>\n" + json.dumps({"name": "get_time", "arguments": {"tz": "UTC"}}),  # open
+        "<tool_call>\n{not json",  # unfinished, and no call: the model's text at a stop
     ],
     ids=["bad_json", "unknown_tool", "arguments_not_object", "unfinished"],
 )
@@ -116,8 +160,43 @@ def test_plain_text_comes_out_whole(text):
 
 
 def test_without_parallel_calls_only_the_first_counts():
-    content, calls = parse_in_pieces(TWO_CALLS, [5, 40], parallel=False)
-    assert content == "Let me look." and named(calls) == [("get_weather", {"city": "Paris"})]
+    for cuts in ([5, 40], list(range(1, len(TWO_CALLS)))):
+        content, calls = parse_in_pieces(TWO_CALLS, cuts, parallel=False)
+        assert content == "Let me look." and named(calls) == [("get_weather", {"city": "Paris"})]
+
+
+def test_a_block_the_end_closes_is_a_call_in_any_key_order():
+    text = '<tool_call>\n{"arguments": {"tz": "UTC"}, "name": "get_time"}'  # no end tag
+    for cuts in ([], list(range(1, len(text)))):
+        content, calls = parse_in_pieces(text, cuts)
+        assert content == "" and named(calls) == [("get_time", {"tz": "UTC"})]
+
+
+# the forced output of two parallel calls, cut by max_tokens at every point
+FORCED = block("get_weather", {"city": "Paris"}) + "\n" + block("get_time", {"tz": "CET"})
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["forced", "auto"])
+def test_a_choice_cut_by_max_tokens_never_shows_markup(forced):
+    """Cut anywhere, the content holds no `<tool_call>` markup: the calls are what was
+    parsed (a call cut in its arguments keeps what was decoded of them), or nothing."""
+    second = FORCED.index("<tool_call>", 1)
+    for cut in range(len(FORCED) + 1):
+        text = FORCED[:cut]
+        for cuts in ([], list(range(1, len(text)))):
+            content, calls = parse_in_pieces(text, cuts, truncated=True, forced=forced)
+            assert "<" not in content and content.strip() == "", (cut, content)
+            arguments = [c["function"]["arguments"] for c in calls]
+            names = [c["function"]["name"] for c in calls]
+            assert names == ["get_weather", "get_time"][: len(names)]
+            # every call's arguments are a beginning of what the model wrote
+            assert all(
+                a and FORCED.find(a, 0 if i == 0 else second) > 0 for i, a in enumerate(arguments)
+            )
+        if cut == len(FORCED):
+            assert named(calls) == [("get_weather", {"city": "Paris"}), ("get_time", {"tz": "CET"})]
+        elif cut < FORCED.index('"arguments": {') + len('"arguments": {'):
+            assert calls == [], cut  # the first call's head is not complete: nothing
 
 
 # ---------------------------------------------------------------- the grammar
@@ -130,7 +209,7 @@ def test_closing_schemas_leaves_what_they_say_and_their_values_alone():
             "fixed": {"const": {"properties": {"x": 1}}},
         },
     }
-    closed = _closed(schema)
+    closed = closed_schema(schema)
     assert closed["additionalProperties"] is False
     assert closed["properties"]["open"]["additionalProperties"] is True
     assert closed["properties"]["list"]["items"]["additionalProperties"] is False
@@ -276,7 +355,8 @@ def test_forced_choices_carry_their_grammar():
 
 
 # ---------------------------------------------------------------- the response
-def outputs(text: str, reason: str, cuts: list[int]) -> list[Output]:
+def outputs(text: str, reason: str, cuts: list[int], reasoning_open: bool = False) -> list[Output]:
+    """One choice's `text`, cut at `cuts`, as the frontend's successive outputs."""
     pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
     return [
         Output(
@@ -285,6 +365,7 @@ def outputs(text: str, reason: str, cuts: list[int]) -> list[Output]:
             completion_tokens=i + 1,
             finished=i == len(pieces) - 1,
             error=None,
+            reasoning_open=reasoning_open,
         )
         for i, piece in enumerate(pieces)
     ]
@@ -314,6 +395,7 @@ def whole(calling: ToolCalling, text: str, reason: str):
         ("get_time", block("get_time", {"tz": "UTC"}), "stop", "stop"),  # as OpenAI answers
         ("auto", "No tools needed.", "stop", "stop"),
         ("auto", TWO_CALLS[:-30], "length", "length"),  # cut off inside the second call
+        ("required", FORCED[:-40], "length", "length"),  # a forced second call cut short
     ],
 )
 def test_streamed_tool_calls_add_up_to_the_whole_message(choice, text, reason, expected):
@@ -327,17 +409,23 @@ def test_streamed_tool_calls_add_up_to_the_whole_message(choice, text, reason, e
         got = [(c.function.name, c.function.arguments) for c in part.message.tool_calls or []]
         want = [(c.function.name, c.function.arguments) for c in full.message.tool_calls or []]
         assert got == want
-    if full.message.tool_calls and reason == "stop":  # (a cut-off call stays content)
+    assert "<tool_call>" not in (full.message.content or "")
+    if full.message.tool_calls and reason == "stop":
         assert full.message.content in (None, "Let me look.")
         for call in full.message.tool_calls:
             jsonschema.validate(json.loads(call.function.arguments), {"type": "object"})
 
 
-def test_a_reply_cut_inside_a_call_keeps_its_text():
-    text = TWO_CALLS[:-30]
+def test_a_reply_cut_inside_a_call_keeps_what_was_parsed_and_no_markup():
+    text = TWO_CALLS[: TWO_CALLS.index("CET") + 1]  # inside the second call's arguments
     full = whole(ToolCalling(TOOLS, "auto"), text, "length")
-    assert len(full.message.tool_calls) == 1
-    assert full.message.content.startswith("Let me look.") and '"get_time"' in full.message.content
+    assert full.finish_reason == "length" and full.message.content == "Let me look."
+    first, second = full.message.tool_calls
+    assert json.loads(first.function.arguments) == {"city": "Paris"}
+    assert second.function.name == "get_time"
+    assert second.function.arguments == '{"tz": "C'  # what was decoded of them
+    forced = whole(ToolCalling(TOOLS, "required"), '<tool_call>\n{"na', "length")
+    assert forced.message.content is None and forced.message.tool_calls is None
 
 
 # ---------------------------------------------------------------- templates
@@ -368,3 +456,54 @@ def test_the_shipped_template_shows_tools_calls_and_results(tmp_path):
     assert text.endswith("<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="smollm2-tools"):
         chat_template_text("no-such-template")
+
+
+# ---------------------------------------------------------------- $defs and $ref
+class Address(BaseModel):
+    city: Literal["Paris", "Rome"]
+    zip_code: int = Field(ge=1000, le=99999)
+
+
+class Person(BaseModel):
+    name: Literal["Ada", "Alan"]
+    home: Address
+    friends: list[Person] = Field(default_factory=list, max_length=2)  # recursive
+
+
+PERSON_TOOLS = [
+    {"type": "function", "function": {"name": "add_person", "parameters": Person.model_json_schema()}},
+    {"type": "function", "function": {"name": "move", "parameters": Address.model_json_schema()}},
+]  # fmt: skip
+
+
+def person_call(arguments: dict) -> str:
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": "add_person", "arguments": arguments})
+        + "\n</tool_call>"
+    )
+
+
+@pytest.mark.parametrize("choice", ["required", "add_person"])
+def test_parameters_with_defs_and_refs_are_forced_as_they_say(matchers, choice):
+    """pydantic writes nested models as `$defs` and `$ref`s: under the grammar they resolve
+    to the tool's own definitions (the recursive one too) and constrain the call."""
+    assert "$defs" in PERSON_TOOLS[0]["function"]["parameters"]
+    calling = ToolCalling(PERSON_TOOLS, choice)
+    home = {"city": "Rome", "zip_code": 12345}
+    good = {"name": "Ada", "home": home, "friends": [{"name": "Alan", "home": home}]}
+    assert matchers(calling, person_call(good))
+    assert not matchers(calling, person_call({**good, "home": {**home, "city": "Oslo"}}))
+    assert not matchers(calling, person_call({**good, "home": {**home, "x": 1}}))  # closed
+    nested_bad = {**good, "friends": [{"name": "Alan", "home": {"city": "Rome"}}]}
+    assert not matchers(calling, person_call(nested_bad))  # the ref inside the recursion
+
+
+def test_a_tiny_model_under_a_grammar_with_refs_makes_valid_calls(tiny_dirs):
+    llm = LLM(model=str(tiny_dirs["llama"]), device="cpu")
+    grammar = ToolCalling(PERSON_TOOLS, "add_person").grammar()
+    params = SamplingParams(temperature=1.0, max_tokens=300, n=3, seed=3, grammar=grammar)
+    for out in llm.generate(["who?"], params)[0].outputs:
+        assert out.finish_reason == "stop", out.text
+        (call,) = parse_in_pieces(out.text, [], names={"add_person"})[1]
+        Person.model_validate_json(call["function"]["arguments"])

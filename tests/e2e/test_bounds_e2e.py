@@ -1,0 +1,36 @@
+"""Bounds that hold over the real server (tiny Llama): a non-streamed answer is capped at
+--max-response-bytes (a 400 naming the cap, its sequences freed at once; the same request
+streamed is served); /debug/lifecycle is back at zero after each test (the fixture)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from e2e_helpers import ServerSpec, assert_error_body, chat_url, sse_chunks, tokens_body
+
+MAX_RESPONSE = 20_000
+pytestmark = pytest.mark.server(
+    ServerSpec(
+        "long_context_dir",
+        ("--max-seq-len", "2048", "--max-response-bytes", str(MAX_RESPONSE)),
+    )
+)
+
+
+def test_a_whole_answer_past_the_response_cap_is_a_400_and_streaming_it_is_served(server):
+    body = {**tokens_body(server, 300, logprobs=True, top_logprobs=5), "n": 2}
+    r = httpx.post(chat_url(server), json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    error = assert_error_body(r.json(), "response_too_large")
+    assert str(MAX_RESPONSE) in error["message"] and "stream" in error["message"]
+    server.wait_zero(5.0)  # aborted when the cap was passed, not run to the end
+    streamed = httpx.post(chat_url(server), json={**body, "stream": True}, timeout=120)
+    assert streamed.status_code == 200
+    entries = [
+        len((c.get("logprobs") or {}).get("content") or [])
+        for chunk in sse_chunks(streamed.content)
+        for c in chunk.get("choices", [])
+    ]
+    assert sum(entries) == 600  # every token's logprob came through, streamed
+    small = httpx.post(chat_url(server), json=tokens_body(server, 5, logprobs=True), timeout=60)
+    assert small.status_code == 200, small.text
