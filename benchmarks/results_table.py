@@ -1,4 +1,5 @@
-"""Turn a gpu_check.sh output folder into a markdown results table (stdout)."""
+"""Turn a gpu_check.sh output folder into a markdown results table (stdout); with
+`--doctor`, only the doctor's verdict (every failed check named) and its probe."""
 
 from __future__ import annotations
 
@@ -7,9 +8,36 @@ import sys
 from pathlib import Path
 
 
-def main(folder: str) -> int:
+def doctor_rows(out: Path) -> list[str]:
+    """The doctor's checks (passed of all, each failure named) and its throughput probe."""
+    path = out / "doctor.json"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # it crashed or timed out: say so, not nothing
+        return [f"| doctor | no result ({type(exc).__name__}): see doctor.log | |"]
+    checks = doc["checks"]
+    failed = [c for c in checks if not c["passed"]]
+    verdict = "all passed" if not failed else f"{len(failed)} FAILED"
+    rows = [f"| doctor | {len(checks) - len(failed)}/{len(checks)} checks passed | {verdict} |"]
+    for c in failed:
+        error = f"max error {c['max_error']:.3g}" if c["max_error"] is not None else "raised"
+        rows.append(f"| doctor FAILED | {c['name']}: {error} | {c['detail'][:160]} |")
+    if t := doc.get("throughput"):
+        what = f"{t['model']}, {t['dtype']}, {t['attention_backend']}"
+        p, d = t["prefill"], t["decode"]
+        rows.append(f"| doctor probe, prefill {p['batch']} x {p['prompt_tokens']} | {what} "
+                    f"| {p['tokens_per_s']:.0f} tok/s |")  # fmt: skip
+        rows.append(f"| doctor probe, decode {d['batch']} sequences | {d['ms_per_step']:.2f} "
+                    f"ms/step | {d['tokens_per_s']:.0f} tok/s |")  # fmt: skip
+    return rows
+
+
+def main(folder: str, doctor_only: bool = False) -> int:
     out = Path(folder)
-    rows = []
+    rows = doctor_rows(out) if doctor_only or (out / "doctor.json").exists() else []
+    if doctor_only:
+        print("\n".join(rows))
+        return 0
     gpu = (out / "gpu.txt").read_text().strip() if (out / "gpu.txt").exists() else "?"
     if (out / "offline.json").exists():
         data = json.loads((out / "offline.json").read_text())
@@ -43,4 +71,7 @@ def main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "gpu-results"))
+    args = sys.argv[1:]
+    doctor_only = "--doctor" in args
+    folders = [a for a in args if a != "--doctor"]
+    sys.exit(main(folders[0] if folders else "gpu-results", doctor_only))

@@ -1,4 +1,5 @@
-"""`python -m minisgl`: serve a model, or with --prompt generate once and stream to stdout."""
+"""`python -m minisgl`: serve a model, or with --prompt generate once and stream to stdout;
+`python -m minisgl doctor` checks the CUDA fast path on this machine (minisgl/doctor)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,11 @@ def run_prompt(args: ServerArgs) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"]:
+        from minisgl.doctor import main as doctor
+
+        return doctor(argv[1:])
     args = parse_args(argv)
     if args.shell and args.log_level == "info":
         args.log_level = "warning"  # worker start-up lines would clutter the conversation

@@ -12,6 +12,12 @@ cached prefix plus its new keys.
 Grouped-query attention: for decodes the G query heads that share a KV head are handed to
 SDPA as G query rows of that head, so no KV head is repeated; prefills use SDPA's
 `enable_gqa`.
+
+On CUDA it is a real serving path (the one the start-up self-check falls back to from
+Triton), not only a reference: the per-step metadata is computed on the host once per step
+and sent in pinned, non-blocking copies (engine/staging.py), so the host never waits for
+the device, inside a step or between steps, and no layer does host work that depends on
+the device. It is not capturable: its decode steps run eagerly.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from numpy.lib.stride_tricks import sliding_window_view
+
+from minisgl.engine.staging import Staging
 
 from .base import AttentionBackend, ForwardInfo
 
@@ -40,6 +48,7 @@ class _PrefillRow:
     q_len: int
     cached_len: int  # keys before the new tokens, read from the cache
     pages: torch.Tensor | None  # (ceil((cached_len + q_len) / page_size),) None: nothing cached
+    mask: torch.Tensor | None  # (q_len, cached_len + q_len) bool, causal; None: nothing cached
 
 
 @dataclass
@@ -50,6 +59,15 @@ class TorchMeta:
 
 
 class TorchBackend(AttentionBackend):
+    def __init__(self, pool, num_heads: int, head_dim: int) -> None:
+        super().__init__(pool, num_heads, head_dim)
+        self.staging = Staging(pool.k.device)  # the step's metadata, in non-blocking copies
+
+    def _to_device(self, a: np.ndarray) -> torch.Tensor:
+        host = self.staging.host(a.size, _TORCH[a.dtype])
+        host[:] = a.ravel()
+        return self.staging.copy(host).view(a.shape)
+
     def prepare(self, info: ForwardInfo) -> TorchMeta:
         ext, cached = info.extend_lens_cpu, info.cached_lens_cpu
         device = info.out_slots.device
@@ -63,28 +81,31 @@ class TorchBackend(AttentionBackend):
             if n == 1:
                 decode_req.append(i)
                 decode_tok.append(start)
+            elif c:  # keys before the new ones come from the cache: an explicit causal mask
+                pages = info.block_table[i, : -(-(c + n) // ps)].long()
+                q_pos = torch.arange(n, device=device)[:, None] + c
+                mask = torch.arange(c + n, device=device)[None, :] <= q_pos  # (n, c + n)
+                prefill.append(_PrefillRow(start, n, c, pages, mask))
             else:
-                pages = info.block_table[i, : -(-(c + n) // ps)].long() if c else None
-                prefill.append(_PrefillRow(start, n, c, pages))
+                prefill.append(_PrefillRow(start, n, c, None, None))
             start += n
         decode = None
         if decode_req:
             lens = np.asarray([cached[i] + 1 for i in decode_req], dtype=np.int64)
-            decode = self._decode_rows(info.block_table[decode_req], lens)
-            decode.token_idx = torch.tensor(decode_tok, device=device)
+            rows = self._to_device(np.asarray(decode_req, dtype=np.int64))
+            decode = self._decode_rows(info.block_table.index_select(0, rows), lens)
+            decode.token_idx = self._to_device(np.asarray(decode_tok, dtype=np.int64))
         return TorchMeta(info.out_slots, decode, prefill)
 
     def _decode_rows(self, table: torch.Tensor, lens: np.ndarray) -> _DecodeRows:
         """The decode metadata of requests with `lens` keys each (host arithmetic in numpy:
         at a few hundred requests Python lists and small tensor ops cost more)."""
-        ps, device = self.pool.page_size, table.device
+        ps = self.pool.page_size
         num_pages = -(-lens // ps)
         ends = num_pages * ps  # (B,) the end of each request's last page
         B, P = len(lens), table.shape[1]  # the longest request's pages, or more (padding)
         L = P * ps
-
-        def to_device(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(a).to(device, non_blocking=True)
+        to_device = self._to_device
 
         # The block table's padding is whatever the engine left there: pages past a
         # request's last one read the zeroed scratch page instead.
@@ -144,9 +165,7 @@ class TorchBackend(AttentionBackend):
                 S = row.cached_len + row.q_len  # slicing drops the last page's unwritten tail
                 kp = self._gather(k_cache, row.pages)[:S]
                 vp = self._gather(v_cache, row.pages)[:S]
-                q_pos = torch.arange(row.q_len, device=q.device)[:, None] + row.cached_len
-                kv_pos = torch.arange(S, device=q.device)[None, :]
-                mask, causal = kv_pos <= q_pos, False  # (n, cached + n)
+                mask, causal = row.mask, False
             kp = kp.transpose(0, 1).unsqueeze(0)  # (1, Hkv, S, D)
             vp = vp.transpose(0, 1).unsqueeze(0)
             o = F.scaled_dot_product_attention(
@@ -172,3 +191,10 @@ class TorchBackend(AttentionBackend):
             qg, k.transpose(1, 2), v.transpose(1, 2), attn_mask=d.bias
         )
         return o.reshape(Bd, H, D)
+
+
+_TORCH = {
+    np.dtype(np.int64): torch.int64,
+    np.dtype(np.bool_): torch.bool,
+    np.dtype(np.float32): torch.float32,
+}

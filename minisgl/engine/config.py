@@ -37,6 +37,10 @@ class EngineConfig:
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "auto"  # auto: triton on CUDA, torch elsewhere
     cuda_graph: bool = True  # replay decode steps from CUDA graphs (CUDA + triton only)
+    # the start-up self-check of the CUDA fast path (engine/selfcheck.py): "auto" checks
+    # on CUDA and falls back from a failing part; "strict" makes a failure fatal (CI on GPU
+    # machines); "skip" checks nothing (a start-up a little faster, and no safety net)
+    self_check: str = "auto"
     seed: int = 0  # seed of --dummy-weights
     tp_size: int = 1  # tensor parallelism: ranks (one process and device each) per model
     # seconds a collective waits for the other ranks before it fails: a rank that died or

@@ -11,6 +11,10 @@ and returns the sampled token of every request that samples this step, in batch 
 
 No host sync inside a step: the sampled tokens stay on the device for the next step (see
 inputs.py) and travel to the host in one non-blocking copy that `result()` waits for.
+
+Before it reports ready, the engine checks the fast path it is about to use (on CUDA:
+selfcheck.py) and falls back where a part fails; `degraded` names each part it fell back
+from, with the reason.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ from minisgl.models.loader import load_model, resolve_quantization
 from minisgl.models.source import resolve_model_dir
 from minisgl.utils.process import available_ram
 
+from . import faults
 from .config import EngineConfig
 from .graph import BUCKETS, DecodeGraphRunner
 from .inputs import StepInputBuilder, StepInputs
 from .sample import Sampler
 from .scoring import DevicePromptScores, score_prompts
+from .selfcheck import SelfCheck
 
 logger = logging.getLogger(__name__)
 
@@ -95,16 +101,19 @@ class Engine:
         )
         self.graph_runner: DecodeGraphRunner | None = None
         if self.inputs.decode_buffers is not None:
-            capture = self.device.type == "cuda" and config.cuda_graph
             self.graph_runner = DecodeGraphRunner(
                 self.model,
                 self.attn_backend,
                 self.inputs.decode_buffers,
                 self.model_config.vocab_size,
-                capture,
             )
+        self.degraded: dict[str, str] = {}  # part -> reason, for each part fallen back from
+        faults.inject(self)  # MINISGL_INJECT_FAULTS (tests of the self-check)
+        self.self_check = SelfCheck(self)
+        self.self_check.at_startup()  # attention, then the decode graphs' capture
         logger.info(
-            "engine ready: %s on %s (%s, weights: %s)%s, %d KV pages of %d tokens, max_seq_len %d",
+            "engine ready: %s on %s (%s, weights: %s)%s, %d KV pages of %d tokens, "
+            "max_seq_len %d, %s%s",
             self.model_dir.name,
             self.device,
             self.dtype,
@@ -113,7 +122,11 @@ class Engine:
             self.num_pages,
             self.page_size,
             self.max_seq_len,
+            type(self.attn_backend).__name__,
+            ", CUDA graphs" if self.graph_runner is not None and self.graph_runner.graphs else "",
         )
+        if summary := self.self_check.summary():
+            logger.info("%s", summary)
 
     # ------------------------------------------------------------------ set-up
     def _check_tp(self) -> None:
@@ -159,6 +172,23 @@ class Engine:
         if pages < 1:
             raise RuntimeError("not enough free memory for a single KV page")
         return pages
+
+    def capture_graphs(self) -> None:
+        """Record the decode CUDA graphs (on CUDA unless --disable-cuda-graph; on a CPU the
+        runner records nothing and its buffers run eagerly)."""
+        if self.graph_runner is not None and self.config.cuda_graph:
+            self.graph_runner.capture()
+
+    def use_attention_backend(self, backend) -> None:
+        """Serve with `backend` instead (the self-check's fallback); decode steps run
+        eagerly unless it can be captured too."""
+        self.attn_backend = backend
+        self.graph_runner = None
+
+    def check_overlap(self) -> bool:
+        """Whether steps may overlap: the scheduler asks before it overlaps, and the
+        self-check compares overlapped steps' tokens with synchronous ones (once)."""
+        return self.self_check.overlap_ok()
 
     @property
     def page_table(self) -> torch.Tensor:

@@ -13,6 +13,10 @@ pad_to=bucket(len(batch.reqs)))`: rows past the real ones are dummy requests tha
 to the pool's scratch page and read a one-token sequence from it), replays that bucket's
 graph and returns the real rows' logits. Without capture (a CPU, or --disable-cuda-graph)
 the same buffers run eagerly, which is how the padding is tested without a GPU.
+
+The runner is built without graphs; `capture()` records them (the engine calls it after the
+start-up self-check has passed the attention backend, and checks every bucket's replay
+against the same step run eagerly: engine/selfcheck.py).
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ class DecodeGraphRunner:
         backend: AttentionBackend,
         buffers: DecodeBuffers,
         vocab_size: int,
-        capture: bool,
     ) -> None:
         assert backend.capturable, f"{type(backend).__name__} cannot be captured"
         self.model, self.backend, self.buffers = model, backend, buffers
@@ -54,8 +57,6 @@ class DecodeGraphRunner:
         }
         self.steps = 0  # decode steps run through the fixed buffers
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        if capture:
-            self._capture_all()
 
     def can_run(self, batch: Batch) -> bool:
         """One new token per request, each of which samples (a recomputed prompt's
@@ -79,7 +80,10 @@ class DecodeGraphRunner:
 
     # --8<-- [end:graph_forward]
 
-    def _capture_all(self) -> None:
+    def capture(self) -> None:
+        """Record one CUDA graph per bucket; on a CPU there is nothing to record."""
+        if self.buffers.input_ids.device.type != "cuda":
+            return
         pool = None
         stream = torch.cuda.Stream()
         for bs in reversed(self.buckets):  # largest first: the others reuse its memory
@@ -100,10 +104,15 @@ class DecodeGraphRunner:
         """(B, vocab) logits of the B real rows of a decode step built for a bucket."""
         bs = inputs.input_ids.shape[0]
         assert bs in self.metas, f"inputs of {bs} rows are not padded to a bucket"
-        self.backend.prepare_for_replay(self.buffers.info(bs), self.metas[bs])
         self.steps += 1
+        return self.replay(bs)[: inputs.num_reqs]
+
+    def replay(self, bs: int) -> torch.Tensor:
+        """(bs, vocab) logits of the step the buffers' first `bs` rows hold (eagerly when
+        no graph was captured)."""
+        self.backend.prepare_for_replay(self.buffers.info(bs), self.metas[bs])
         if bs in self.graphs:
             self.graphs[bs].replay()
         else:
             self._forward(bs)
-        return self.logits[: inputs.num_reqs]
+        return self.logits[:bs]

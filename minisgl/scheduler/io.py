@@ -99,7 +99,16 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
         logger.exception("scheduler failed to start")
         ready.send(("error", f"scheduler failed to start: {exc}"))
         raise SystemExit(1) from exc
-    ready.send(("ready", {"max_seq_len": engine.max_seq_len, "kv_pages_total": engine.num_pages}))
+    ready.send(
+        (
+            "ready",
+            {
+                "max_seq_len": engine.max_seq_len,
+                "kv_pages_total": engine.num_pages,
+                "degraded": engine.degraded,  # the parts the self-check fell back from
+            },
+        )
+    )
     try:
         with torch.inference_mode():
             scheduler.run_forever(io)

@@ -127,6 +127,8 @@ class Scheduler:
         self.num_preemptions = 0  # requests evicted for recompute since start
         overlap = self.config.overlap_schedule
         self.overlap = engine.device.type == "cuda" if overlap is None else overlap
+        if self.overlap:  # the engine's start-up self-check may fall back to synchronous steps
+            self.overlap = engine.check_overlap()
         pace = self.config.prefill_step_seconds
         if pace is None:  # a CPU runs a step inside its launch: it can be timed and paced
             pace = DEFAULT_CPU_STEP_SECONDS if engine.device.type == "cpu" else 0

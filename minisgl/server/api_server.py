@@ -106,11 +106,14 @@ def create_app(
     connect: Callable[[ServerMetrics], FrontendManager],
     on_start: Callable[[FrontendManager], None] | None = None,
     max_model_len: int | None = None,
+    degraded: dict[str, str] | None = None,
 ) -> FastAPI:
     """`connect` builds the FrontendManager inside the server's event loop; `on_start`
     lets the launcher watch its worker processes; `max_model_len` (the context length the
-    scheduler serves) goes on the model card."""
+    scheduler serves) goes on the model card; `degraded` names each part of the CUDA fast
+    path the engine's start-up self-check fell back from, with the reason."""
     metrics = ServerMetrics()
+    metrics.set_fallbacks(degraded or {})
     created = int(time.time())  # the model card's: when this server started serving it
 
     @asynccontextmanager
@@ -277,6 +280,8 @@ def create_app(
         except RequestFailed as refused:
             if refused.error.kind is not ErrorKind.OVERLOADED:  # busy is still healthy
                 return to_http(refused.error).response()
+        if degraded:  # serving, on a slower path: what the engine fell back from, and why
+            return {"status": "ok", "degraded": degraded}
         return {"status": "ok"}
 
     @app.get("/metrics")

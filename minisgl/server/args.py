@@ -168,6 +168,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="run decode steps eagerly instead of replaying CUDA graphs",
     )
+    check = p.add_mutually_exclusive_group()
+    check.add_argument(
+        "--strict-self-check",
+        dest="self_check",
+        action="store_const",
+        const="strict",
+        default=e.self_check,
+        help="fail start-up if the self-check of the CUDA fast path finds a fault, instead of "
+        "falling back to a slower path (CI on GPU machines)",
+    )
+    check.add_argument(
+        "--skip-self-check",
+        dest="self_check",
+        action="store_const",
+        const="skip",
+        help="do not check the CUDA fast path at start-up (and do not fall back)",
+    )
     p.add_argument(
         "--disable-overlap-schedule",
         dest="overlap_schedule",

@@ -139,7 +139,7 @@ def _wait_ready(procs: dict[str, BaseProcess], pipes: dict[str, Connection]) -> 
                 if status != "ready":
                     raise WorkerStartError(info)
                 logger.info("%s ready %s", name, info or "")
-                procs[name].ready_info = info  # type: ignore[attr-defined]  # the model card's
+                procs[name].ready_info = info or {}  # type: ignore[attr-defined]  # card, degraded
                 del waiting[name]
 
 
@@ -330,12 +330,15 @@ def launch_server(args: ServerArgs) -> int:
     try:
         with running_workers(args) as (channels, procs):
             supervisor: Supervisor | None = None
+            # the parts of the CUDA fast path the engine's self-check fell back from
+            degraded = procs["scheduler"].ready_info.get("degraded") or {}
             app = create_app(
                 args,
                 served_model_name(args),
                 lambda metrics: connect_frontend(channels, args, metrics),
                 lambda frontend: supervisor.watch_workers(procs),
                 max_model_len=procs["scheduler"].ready_info.get("max_seq_len"),
+                degraded=degraded,
             )
             config = uvicorn.Config(
                 app,
@@ -350,7 +353,14 @@ def launch_server(args: ServerArgs) -> int:
             )
             server = _Server(config)
             supervisor = server.supervisor = Supervisor(server, app, args.shutdown_timeout)
-            logger.info("serving %s on http://%s:%d", served_model_name(args), args.host, args.port)
+            fell_back = f" (degraded: fell back from {', '.join(degraded)})" if degraded else ""
+            logger.info(
+                "serving %s on http://%s:%d%s",
+                served_model_name(args),
+                args.host,
+                args.port,
+                fell_back,
+            )
             server.run()
             return supervisor.exit_code
     except WorkerStartError as exc:

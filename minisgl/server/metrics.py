@@ -9,6 +9,8 @@ of each request's timeline (`on_timeline`) gives the metrics vLLM exposes under 
 names and meanings: queue, prefill, decode and inference time of each finished request,
 preemptions and the tokens of each step. Gauges of the workers (running, pending, KV
 pages) are read at scrape time from the same state query that serves /debug/lifecycle.
+`minisgl_engine_fallback{part}` is 1 for each part of the CUDA fast path the engine's
+start-up self-check fell back from (`set_fallbacks`), 0 for the others.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ import enum
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from minisgl.message import TimelineMsg
+
+# the parts of the CUDA fast path the engine's self-check can fall back from
+# (engine/selfcheck.py): the Triton attention backend, the decode CUDA graphs, overlap
+FALLBACK_PARTS = ("triton", "cuda_graph", "overlap")
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
 _TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -124,6 +130,17 @@ class ServerMetrics:
             buckets=_STEP_TOKEN_BUCKETS,
             registry=r,
         )
+
+        self.fallback = Gauge(
+            "minisgl_engine_fallback",
+            "1 where the engine's start-up self-check fell back from this part of the fast path",
+            ["part"],
+            registry=r,
+        )
+
+    def set_fallbacks(self, degraded: dict[str, str]) -> None:
+        for part in (*FALLBACK_PARTS, *(p for p in degraded if p not in FALLBACK_PARTS)):
+            self.fallback.labels(part).set(1 if part in degraded else 0)
 
     # ------------------------------------------------------------ events
     def on_first_token(self, ttft: float, prompt_tokens: int) -> None:

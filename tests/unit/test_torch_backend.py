@@ -112,3 +112,31 @@ def test_a_decode_sees_only_its_own_pages() -> None:
     got, expected = _run([(5, 1), (5, 1)], 4, 2, D=8, seed=3)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(got[0], got[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend_name", ["torch", "triton"])
+@pytest.mark.parametrize("reqs", [MIXED, DECODES], ids=["mixed", "decode-only"])
+def test_on_cuda_a_step_never_makes_the_host_wait(backend_name, reqs) -> None:
+    """Per step and per layer: no `.item()`, no blocking copy, nothing that makes the host
+    wait for the device (torch's sync debug mode raises on each). The fallback path must be
+    as asynchronous as the fast one, or overlap scheduling stalls on it."""
+    from minisgl.attention import create_attention_backend
+    from minisgl.attention.check import paged_layout
+
+    device = torch.device("cuda")
+    pool = KVCachePool(4, 64, PS, 2, 64, torch.bfloat16, device)
+    backend = create_attention_backend(backend_name, pool, 4, 64, device)
+    info = paged_layout(reqs, PS, 0, seed=0, device=device)
+    T = sum(info.extend_lens_cpu)
+    q, k, v = (torch.randn(T, h, 64, device=device, dtype=torch.bfloat16) for h in (4, 2, 2))
+    backend.attention(0, q, k, v, backend.prepare(info))  # compile, warm the allocator
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        meta = backend.prepare(info)
+        for layer in range(4):
+            backend.attention(layer, q, k, v, meta)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()

@@ -7,38 +7,15 @@ relative error against a float32 reference.
 
 from __future__ import annotations
 
-import random
-
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from minisgl.attention.base import ForwardInfo  # noqa: E402
+from minisgl.attention.check import paged_layout  # noqa: E402
 from minisgl.attention.torch_backend import TorchBackend  # noqa: E402
 from minisgl.attention.triton_backend import TritonBackend, num_splits_for  # noqa: E402
 from minisgl.kvcache import KVCachePool  # noqa: E402
-
-
-def _layout(reqs, page_size, num_pages, seed):
-    """Pages for each (cached, extend) request, scattered over the pool; the step's info."""
-    rng = random.Random(seed)
-    free = list(range(num_pages))
-    rng.shuffle(free)
-    max_pages = max(-(-(c + e) // page_size) for c, e in reqs)
-    table = torch.full((len(reqs), max_pages), num_pages, dtype=torch.int32)
-    for i, (c, e) in enumerate(reqs):
-        for j in range(-(-(c + e) // page_size)):
-            table[i, j] = free.pop()
-    ext = torch.tensor([e for _, e in reqs])
-    cached = torch.tensor([c for c, _ in reqs])
-    req_of_tok = torch.repeat_interleave(torch.arange(len(reqs)), ext)
-    first = torch.cumsum(ext, 0) - ext
-    pos = cached[req_of_tok] + torch.arange(int(ext.sum())) - first[req_of_tok]
-    slots = table[req_of_tok, pos // page_size].long() * page_size + pos % page_size
-    return ForwardInfo(
-        pos, slots, table, (cached + ext).int(), ext.tolist(), cached.tolist()
-    ), first
 
 
 def _pools(H, Hkv, D, ps, num_pages, dtype, device, seed):
@@ -64,7 +41,7 @@ def test_triton_matches_torch_on_random_paged_inputs(H, Hkv, D, ps, phase) -> No
         reqs = [(0, 1), (7, 1), (33, 1), (90, 1), (16, 1)]
     num_pages = 256 // ps + 8
     ref_pool, pool = _pools(H, Hkv, D, ps, num_pages, torch.float32, torch.device("cpu"), 0)
-    info, _ = _layout(reqs, ps, num_pages, seed=1)
+    info = paged_layout(reqs, ps, 0, seed=1, device=torch.device("cpu"))
     T = len(info.positions)
     q, k, v = torch.randn(T, H, D), torch.randn(T, Hkv, D), torch.randn(T, Hkv, D)
 
@@ -94,11 +71,7 @@ def test_triton_bf16_at_qwen3_shapes_is_close_to_float32(phase) -> None:
     device = torch.device("cuda")
     ref_pool, pool = _pools(H, Hkv, D, ps, num_pages, torch.float32, device, 0)
     pool.k, pool.v = pool.k.bfloat16(), pool.v.bfloat16()
-    info, _ = _layout(reqs, ps, num_pages, seed=1)
-    info = ForwardInfo(
-        info.positions.to(device), info.out_slots.to(device), info.block_table.to(device),
-        info.seq_lens.to(device), info.extend_lens_cpu, info.cached_lens_cpu,
-    )  # fmt: skip
+    info = paged_layout(reqs, ps, 0, seed=1, device=device)
     T = len(info.positions)
     q, k, v = (torch.randn(T, h, D, device=device) for h in (H, Hkv, Hkv))
     torch_backend, triton_backend = TorchBackend(ref_pool, H, D), TritonBackend(pool, H, D)

@@ -1,0 +1,84 @@
+"""Sequences: a fixed set of greedy sequences driven through the engine, without a scheduler.
+
+Contract: `Sequences(engine, prompts, max_new)` gives sequence i table slot i and pages of
+its own (consecutive from page 0, written into the engine's page table), enough for its
+prompt and `max_new` tokens. `generate(overlap)` prefills every prompt in one step, then
+decodes them together, and returns each sequence's `max_new` tokens. With `overlap` each
+step is launched before the previous one's tokens are read, exactly as the scheduler's
+overlapped loop does: the pending token is read on the device (engine/inputs.py). It is
+for the start-up self-check (overlapped tokens against synchronous ones) and for `doctor`'s
+throughput probe, at start-up or on an idle engine: it takes slots and pages that no
+request may hold meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from minisgl.core import Batch, Req, SamplingParams
+
+from .engine import Engine, StepHandle
+
+
+class Sequences:
+    def __init__(self, engine: Engine, prompts: list[list[int]], max_new: int) -> None:
+        ps = engine.page_size
+        counts = [-(-(len(p) + max_new) // ps) for p in prompts]
+        if len(prompts) > engine.config.max_running_requests or sum(counts) > engine.num_pages:
+            raise ValueError(f"{len(prompts)} sequences of up to {max(counts) * ps} tokens "
+                             "do not fit this engine's slots and pages")  # fmt: skip
+        if max(len(p) for p in prompts) + max_new > engine.max_seq_len:
+            raise ValueError(f"sequences longer than the engine's {engine.max_seq_len} tokens")
+        self.engine, self.prompts, self.max_new = engine, prompts, max_new
+        first = 0
+        for slot, count in enumerate(counts):
+            pages = torch.arange(first, first + count, dtype=torch.int32)
+            engine.page_table[slot, :count] = pages.to(engine.device)
+            first += count
+        self.reqs: list[Req] = []
+        # perf_counter() when the last generate() read its prefill step's tokens, and ended
+        self.prefilled_at = self.finished_at = 0.0
+
+    def generate(self, overlap: bool) -> list[list[int]]:
+        greedy = SamplingParams(max_tokens=self.max_new, ignore_eos=True)
+        self.reqs = [
+            Req(uid=i, token_ids=list(p), prompt_len=len(p), max_len=len(p) + self.max_new,
+                sampling_params=greedy, seed=0, table_idx=i)
+            for i, p in enumerate(self.prompts)
+        ]  # fmt: skip
+        self.prefilled_at = 0.0
+        pending: StepHandle | None = self._launch(decode=False)
+        if not overlap:
+            self._read(pending)
+            pending = None
+        for _ in range(self.max_new - 1):
+            handle = self._launch(decode=True)  # the previous step's tokens may be pending
+            if pending is not None:
+                self._read(pending)
+            pending = handle
+            if not overlap:
+                self._read(handle)
+                pending = None
+        if pending is not None:
+            self._read(pending)
+        self.finished_at = time.perf_counter()
+        return [r.output_ids for r in self.reqs]
+
+    def _launch(self, decode: bool) -> StepHandle:
+        """One step for every sequence; their host state moves on as the scheduler's does."""
+        for r in self.reqs:
+            r.extend_len = 1 if decode else len(r.token_ids)
+        handle = self.engine.launch(Batch(self.reqs, decodes=len(self.reqs) if decode else 0))
+        for r in self.reqs:
+            r.cached_len += r.extend_len
+            r.extend_len = 0
+            r.num_pending += 1
+        return handle
+
+    def _read(self, handle: StepHandle) -> None:
+        for r, token in zip(self.reqs, handle.result().tokens, strict=True):
+            r.append_token(token)
+        if not self.prefilled_at:  # the prompts' step: decoding starts now
+            self.prefilled_at = time.perf_counter()
