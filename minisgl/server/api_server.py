@@ -150,10 +150,13 @@ def create_app(
         message = f"the model {model!r} does not exist; this server serves {model_name!r}"
         return HttpError(404, message, code="model_not_found", param="model").response()
 
+    # --8<-- [start:respond]
     def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
         if req.user is not None:
             logger.info("request %s: user %r", request_id_var.get(), req.user)
         return (StreamResponse if req.stream else FullResponse)(frontend(), job)
+
+    # --8<-- [end:respond]
 
     # --8<-- [start:chat_route]
     @app.post("/v1/chat/completions")

@@ -237,6 +237,7 @@ class FrontendManager:
         return (self.timelines or Timelines(history=0)).snapshot(counts)  # none: empty
 
     # --8<-- [start:listen]
+    # --8<-- [start:listen_loop]
     async def listen(self) -> None:
         while True:
             for msg in await self._recv():
@@ -244,9 +245,11 @@ class FrontendManager:
                     if (fut := self._queries.get(msg.query_id)) and not fut.done():
                         fut.set_result(msg)
                     continue
+                # --8<-- [end:listen_loop]
                 if isinstance(msg, TimelineMsg):
                     self._on_timeline(msg)
                     continue
+                # --8<-- [start:listen_route]
                 state = self.states.get(msg.uid)
                 if state is None or state.terminal:
                     continue  # a late reply: its request is gone or already ended
@@ -262,6 +265,7 @@ class FrontendManager:
                     state.terminal = True
                 elif state.buffer.pending_bytes > self.max_pending_bytes:
                     self._fail_slow_client(state)
+                # --8<-- [end:listen_route]
 
     # --8<-- [end:listen]
 

@@ -33,8 +33,12 @@ class ParamError(ValueError):
         self.param = param
 
 
+# --8<-- [start:strict_model]
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# --8<-- [end:strict_model]
 
 
 class TextPart(_Strict):
@@ -192,6 +196,7 @@ class ResponseFormat(_Strict):
         return None
 
 
+# --8<-- [start:sampling_fields]
 class _SamplingFields(_Strict):
     """Parameters shared by both endpoints."""
 
@@ -204,6 +209,7 @@ class _SamplingFields(_Strict):
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # --8<-- [end:sampling_fields]
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
@@ -259,6 +265,7 @@ class _SamplingFields(_Strict):
 
 
 # --8<-- [start:request_model]
+# --8<-- [start:request_model_core]
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None  # the newer name of max_tokens
@@ -278,6 +285,8 @@ class ChatCompletionRequest(_SamplingFields):
             raise ParamError("top_logprobs", "top_logprobs needs logprobs: true")
         self._check_tools()
         return self
+
+    # --8<-- [end:request_model_core]
 
     def _check_tools(self) -> None:
         names = [t.function.name for t in self.tools or []]
