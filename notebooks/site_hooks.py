@@ -13,9 +13,15 @@ Contract:
 - Figures a notebook saves for the chapter's pages (into chapters/generated/, which git
   ignores) join the site's files after the notebooks have run, so the pages that show
   them always show this build's run.
+- The chapter's sample outputs (curl and SSE transcripts, JSON bodies, /debug/lifecycle,
+  /metrics, the shell) come from one session against one real server, run once per
+  build after the notebooks (notebooks/site_samples.py), into chapters/generated/samples/,
+  where the pages include them from (`--8<-- "chapters/generated/samples/NAME"`). A
+  session that fails fails the build. Its time is logged too.
 - `MINISGL_SITE_EXECUTE=0` skips the execution, for a quick local preview: the notebook
-  pages then show no outputs (and the chapter's generated figures are those of the last
-  build, or missing). CI and the site test never set it.
+  pages then show no outputs, the chapter's generated figures and samples are those of the
+  last build, and samples never made are stand-ins saying so. CI and the site test never
+  set it.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from mkdocs.plugins import event_priority
 
 CELL_TIMEOUT = 600  # seconds for one cell; the slowest (a real server's start) takes ~30
 GENERATED = "generated"  # under the docs folder: figures the notebooks make for the pages
+SAMPLES = "samples"  # under GENERATED: the sample session's outputs (included, not copied)
 NOTEBOOKS = Path(__file__).resolve().parent
 
 log = logging.getLogger(f"mkdocs.plugins.{__name__}")
@@ -67,8 +74,10 @@ def execute(src: Path, dest: Path) -> float:
 @event_priority(-100)
 def on_files(files, config):
     global _tmp
+    samples = Path(config["docs_dir"]) / GENERATED / SAMPLES
     if os.environ.get("MINISGL_SITE_EXECUTE", "1") == "0":
         log.info("MINISGL_SITE_EXECUTE=0: notebook pages show no outputs")
+        _samples_module().placeholders(samples)
         return files
     _cleanup()
     _tmp = tempfile.mkdtemp(prefix="site-notebooks-")  # not minisgl-*: those are IPC dirs
@@ -81,7 +90,23 @@ def on_files(files, config):
         log.info("executed %s in %.1f s", file.src_uri, seconds)
         file.abs_src_path = str(dest)  # what mkdocs-jupyter renders and offers for download
     _add_generated(files, config)
+    start = time.perf_counter()
+    try:
+        _samples_module().run(samples)
+    except Exception as exc:
+        raise PluginError(f"the sample session failed: {exc!r}") from exc
+    log.info("ran the sample session in %.1f s", time.perf_counter() - start)
     return files
+
+
+def _samples_module():
+    """notebooks/site_samples.py (the hook's folder is not on sys.path)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("site_samples", NOTEBOOKS / "site_samples.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _add_generated(files, config) -> None:
@@ -89,7 +114,7 @@ def _add_generated(files, config) -> None:
     from mkdocs.structure.files import File
 
     docs = Path(config["docs_dir"])
-    for path in sorted((docs / GENERATED).glob("*")):
+    for path in sorted(p for p in (docs / GENERATED).glob("*") if p.is_file()):
         uri = path.relative_to(docs).as_posix()
         if files.get_file_from_path(uri) is None:
             files.append(File(uri, str(docs), config["site_dir"], config["use_directory_urls"]))
