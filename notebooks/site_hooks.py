@@ -18,6 +18,11 @@ Contract:
   build after the notebooks (notebooks/site_samples.py), into chapters/generated/samples/,
   where the pages include them from (`--8<-- "chapters/generated/samples/NAME"`). A
   session that fails fails the build. Its time is logged too.
+- On each notebook page, two repairs of what mkdocs-jupyter writes: its headings get ids
+  (it gives Chinese headings an empty one, and its table of contents links to ids no
+  heading has), the same ids a Markdown page would give them, with the table of contents
+  pointing at them; and a link written for the repository (`../chapters/PAGE.md#id`,
+  which works from notebooks/ in Jupyter) points at that page of the site.
 - `MINISGL_SITE_EXECUTE=0` skips the execution, for a quick local preview: the notebook
   pages then show no outputs, the chapter's generated figures and samples are those of the
   last build, and samples never made are stand-ins saying so. CI and the site test never
@@ -118,6 +123,68 @@ def _add_generated(files, config) -> None:
         uri = path.relative_to(docs).as_posix()
         if files.get_file_from_path(uri) is None:
             files.append(File(uri, str(docs), config["site_dir"], config["use_directory_urls"]))
+
+
+_HEADING = re.compile(r'<h([1-6]) id="([^"]*)">(.*?)</h\1>', re.S)
+_REPO_LINK = re.compile(r'href="\.\./chapters/([^"#]+)\.md(#[^"]*)?"')
+
+
+def on_post_page(output: str, page, config) -> str:
+    if not page.file.src_uri.endswith(".ipynb"):
+        return output
+    return _site_links(_heading_ids(output, page))
+
+
+def _heading_ids(output: str, page) -> str:
+    """Give each heading the id a Markdown page would (pymdownx slugify, lower case) and
+    point the table of contents, which lists the headings in the same order, at them."""
+    from pymdownx.slugs import slugify
+
+    slug = slugify(case="lower")
+    toc_ids: list[str] = []
+
+    def walk(items) -> None:
+        for item in items:
+            toc_ids.append(item.id)
+            walk(item.children)
+
+    walk(page.toc)
+    headings = list(_HEADING.finditer(output))
+    if len(headings) != len(toc_ids):
+        log.warning("%s: %d headings, %d entries in its contents: ids left as they are",
+                    page.file.src_uri, len(headings), len(toc_ids))  # fmt: skip
+        return output
+    seen: set[str] = set()
+    new_ids = []
+    for m in headings:
+        text = re.sub(r"<[^>]+>", "", m[3]).replace("¶", "").strip()
+        base = new = slug(text, "-") or "section"
+        n = 1
+        while new in seen:
+            new, n = f"{base}_{n}", n + 1
+        seen.add(new)
+        new_ids.append(new)
+    out, last = [], 0
+    for m, new in zip(headings, new_ids):
+        body = m[3].replace(
+            f'class="anchor-link" href="#{m[2]}"', f'class="anchor-link" href="#{new}"'
+        )
+        out.append(output[last : m.start()] + f'<h{m[1]} id="{new}">{body}</h{m[1]}>')
+        last = m.end()
+    output = "".join(out) + output[last:]
+    renamed = dict(zip(toc_ids, new_ids))  # contents, "skip to content": every #old link
+    return re.sub(r'href="#([^"]*)"', lambda m: f'href="#{renamed.get(m[1], m[1])}"', output)
+
+
+def _site_links(output: str) -> str:
+    """`../chapters/PAGE.md#id` (relative to notebooks/ in the repository) -> the page's
+    URL relative to the notebook's page (notebooks/NAME/)."""
+
+    def url(m) -> str:
+        path = m[1][: -len("index")] if m[1].endswith("index") else m[1] + "/"
+        return f'href="../../{path}{m[2] or ""}"'
+
+    return _REPO_LINK.sub(url, output)
 
 
 def on_post_build(config):

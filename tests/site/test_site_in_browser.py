@@ -32,25 +32,30 @@ from __future__ import annotations
 
 import functools
 import http.server
-import json
-import os
-import re
 import shutil
 import subprocess
-import sys
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from site_pages import (
+    CHAPTERS,
+    NOTEBOOKS,
+    ROOT,
+    Page,
+    executed_notebook,
+    figures_shown,
+    first_line_of,
+    headings,
+    mermaid_blocks,
+    output_count,
+    png_outputs,
+    snippets,
+)
 
 # the first test builds the site, executing every notebook: minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[2]
-CHAPTERS = ROOT / "chapters"
-NOTEBOOKS = ROOT / "notebooks"
 CHROMIUM = Path("/usr/bin/chromium")
 MERMAID_JS = CHAPTERS / "assets" / "vendor" / "mermaid.min.js"
 CHAPTER_PAGE = "http-and-concurrency/"  # the chapter's pages: its index and sections
@@ -131,70 +136,7 @@ PAGE_FACTS = """() => {
 }"""
 
 
-# ------------------------------------------------------------------ the site, built and served
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    prebuilt = os.environ.get("MINISGL_SITE_DIR")
-    if prebuilt:
-        assert (Path(prebuilt) / "index.html").is_file(), f"MINISGL_SITE_DIR={prebuilt}: no site"
-        return Path(prebuilt)
-    out = tmp_path_factory.mktemp("site")
-    mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)]
-    start = time.monotonic()
-    done = subprocess.run(
-        mkdocs,
-        cwd=ROOT,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINISGL_SITE_EXECUTE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-6000:]}"
-    print(f"\nsite built (notebooks executed) in {time.monotonic() - start:.0f} s")
-    return out
-
-
-@dataclass
-class Page:
-    url: str  # relative to the site root, "" for the home page
-    source: Path  # the .md or .ipynb it was built from
-    facts: dict = field(default_factory=dict)
-    diagrams: list = field(default_factory=list)
-    errors: list = field(default_factory=list)
-
-    @property
-    def is_notebook(self) -> bool:
-        return self.source.suffix == ".ipynb"
-
-
-def source_of(url: str) -> Path | None:
-    """The file a page was built from (use_directory_urls: foo/bar/ <- foo/bar.md)."""
-    stem = url.rstrip("/") or "index"
-    for candidate in (CHAPTERS / f"{stem}.md", CHAPTERS / stem / "index.md"):
-        if candidate.is_file():
-            return candidate
-    if stem.startswith("notebooks/") and (NOTEBOOKS / f"{stem[10:]}.ipynb").is_file():
-        return NOTEBOOKS / f"{stem[10:]}.ipynb"
-    return None
-
-
-@pytest.fixture(scope="module")
-def pages(site) -> list[Page]:
-    found = []
-    for index in sorted(site.rglob("index.html")):
-        rel = index.parent.relative_to(site).as_posix()
-        url = "" if rel == "." else f"{rel}/"
-        if url.startswith(("assets/", "search/")):
-            continue
-        source = source_of(url)
-        assert source is not None, f"page {url or '/'}: no source found for it"
-        found.append(Page(url, source))
-    return found
-
-
-def executed_notebook(site: Path, page: Page) -> dict:
-    """The notebook the page offers for download: the copy executed by the build."""
-    return json.loads((site / page.url / page.source.name).read_text(encoding="utf-8"))
+# ------------------------------------------------------------------ the site, served
 
 
 def test_the_strict_build_has_every_page_and_runs_every_notebook(site, pages):
@@ -279,67 +221,6 @@ def rendered(browser, server, pages) -> list[Page]:
         tab.close()
     context.close()
     return pages
-
-
-# ------------------------------------------------------------------ what the sources say
-def markdown_of(source: Path) -> str:
-    if source.suffix == ".ipynb":
-        cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
-        return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    return source.read_text(encoding="utf-8")
-
-
-def outside_fences(text: str) -> list[str]:
-    lines, fence = [], None
-    for line in text.splitlines():
-        stripped = line.lstrip()
-        if fence is None and stripped.startswith(("```", "~~~")):
-            fence = stripped[:3]
-        elif fence is not None and stripped.startswith(fence):
-            fence = None
-        elif fence is None:
-            lines.append(line)
-    return lines
-
-
-def headings(source: Path, level: int) -> int:
-    mark = "#" * level + " "
-    return sum(line.startswith(mark) for line in outside_fences(markdown_of(source)))
-
-
-def mermaid_blocks(source: Path) -> list[str]:
-    return re.findall(r"^\s*```mermaid\s*$", markdown_of(source), flags=re.M)
-
-
-def snippets(source: Path) -> list[str]:
-    return re.findall(r'^\s*--8<--\s+"([^"]+)"\s*$', markdown_of(source), flags=re.M)
-
-
-def first_line_of(spec: str) -> str:
-    """The first non-blank line that the snippet `file[:section]` quotes."""
-    path, _, section = spec.partition(":")
-    lines = (ROOT / path).read_text(encoding="utf-8").splitlines()
-    if section:
-        start = next(i for i, s in enumerate(lines) if f"--8<-- [start:{section}]" in s)
-        lines = lines[start + 1 :]
-    return next(s.strip() for s in lines if s.strip() and "--8<--" not in s)
-
-
-def figures_shown(source: Path) -> int:
-    """`show(...)` calls in the code cells: each one displays one figure (helpers.show)."""
-    cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
-    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    return len(re.findall(r"^\s*show\(", code, flags=re.M))
-
-
-def png_outputs(notebook: dict) -> int:
-    return sum(
-        "image/png" in o.get("data", {}) for c in notebook["cells"] for o in c.get("outputs", [])
-    )
-
-
-def output_count(notebook: dict) -> int:
-    return sum(len(c.get("outputs", [])) for c in notebook["cells"])
 
 
 # ------------------------------------------------------------------ the checks
