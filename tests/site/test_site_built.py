@@ -23,6 +23,8 @@ Contract:
   the minisgl code that answers it appears on the site only folded ("看 minisgl 的写法"),
   after the box; the built page renders the box as an admonition and the fold closed.
 - No executed notebook shows anything on stderr.
+- No list item is swallowed by the paragraph before it (a `4.` or `-` line that Markdown
+  took as a continuation, for want of a blank line).
 """
 
 from __future__ import annotations
@@ -352,3 +354,15 @@ def test_no_executed_notebook_writes_to_stderr(site):
                 if out.get("output_type") == "stream" and out.get("name") == "stderr":
                     noisy.append(f"{source.name} cell {i}: {''.join(out['text'])[:120]!r}")
     assert not noisy, "stderr on a notebook page:\n" + "\n".join(noisy)
+
+
+# ------------------------------------------------------------------ rendering
+def test_no_list_item_is_swallowed_by_the_paragraph_before_it(site):
+    swallowed = []
+    for page in sorted(site.rglob("index.html")):
+        html = page.read_text(encoding="utf-8")
+        for body in re.findall(r"<p>(.*?)</p>", html, flags=re.S):
+            text = re.sub(r"<[^>]+>", "", body)
+            if m := re.search(r"\n\s*(\d+\.|[-*]) \S.{0,40}", text):
+                swallowed.append(f"{page.relative_to(site)}: {m[0].strip()!r}")
+    assert not swallowed, "list items rendered as paragraph text:\n" + "\n".join(swallowed)

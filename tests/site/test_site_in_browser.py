@@ -10,7 +10,10 @@ Contract:
   - one visible h1, and as many h2/h3 as the page's source (.md or notebook markdown) has;
   - each mermaid block of the source rendered to an SVG (no syntax-error SVG) in which no
     two text boxes (node labels, subgraph titles, edge labels, actor/message/note texts)
-    overlap by more than 3 px each way (the lines of one multi-line label touch);
+    overlap by more than 3 px each way (the lines of one multi-line label touch), shown at
+    three quarters of its size or more (readable at page width: a wider one scrolls);
+  - no code or output block whose text runs past its box with nothing to scroll it, and
+    no page wider than the window (1280 px);
   - each snippet (`--8<-- "file:section"`) rendered as highlighted code containing the
     first line of that section of that file;
   - no uncaught script error.
@@ -108,9 +111,17 @@ DIAGRAM_FACTS = """([selector, tolerance]) => [...document.querySelectorAll("div
       if (w > tolerance && h > tolerance) overlaps.push(`${a.text} / ${b.text} (${w.toFixed(0)}x${h.toFixed(0)} px)`);
     }
   }
+  const vb = svg.viewBox && svg.viewBox.baseVal;
+  const style = getComputedStyle(host);
   return {width: r.width, height: r.height, error: /Syntax error/i.test(svg.textContent),
-          labels: boxes.length, overlaps};
+          labels: boxes.length, overlaps,
+          scale: vb && vb.width ? r.width / vb.width : 1,  // < 1: shrunk to fit the page
+          clipped: host.scrollWidth > host.clientWidth + 1
+                   && !["auto", "scroll"].includes(style.overflowX)};
 })"""
+
+# a diagram shrunk below this is too small to read (mermaid's 16 px text at 12 px)
+MIN_DIAGRAM_SCALE = 0.75
 
 # the search worker has loaded the index: the result list shows its placeholder line
 SEARCH_READY = """() => {
@@ -132,6 +143,12 @@ PAGE_FACTS = """() => {
       .map((o) => o.innerText).join("").trim().length,
     images: [...article.querySelectorAll(".jp-OutputArea-output img")]
       .map((img) => ({loaded: img.complete && img.naturalWidth > 0, width: img.naturalWidth})),
+    // code and output blocks whose text runs past their box with nothing to scroll it
+    cut: [...article.querySelectorAll("pre, pre > code")]
+      .filter((el) => el.scrollWidth > el.clientWidth + 1
+                      && !["auto", "scroll"].includes(getComputedStyle(el).overflowX))
+      .map((el) => el.textContent.trim().slice(0, 60)),
+    page_overflow: document.documentElement.scrollWidth - window.innerWidth,
   };
 }"""
 
@@ -254,6 +271,10 @@ def test_every_mermaid_block_renders_to_svg_without_overlapping_labels(rendered)
                 yield f"diagram {i} did not render: {d}"
             elif d["labels"] < 2:
                 yield f"diagram {i}: only {d['labels']} text boxes found"
+            if d["scale"] < MIN_DIAGRAM_SCALE:
+                yield f"diagram {i} is shrunk to {d['scale']:.2f} of its size: too small to read"
+            if d["clipped"]:
+                yield f"diagram {i} is wider than the page and cannot be scrolled"
             for overlap in d["overlaps"]:
                 yield f"diagram {i}: text boxes overlap: {overlap}"
 
@@ -298,6 +319,16 @@ def test_every_notebook_page_shows_its_outputs_and_figures(rendered, site):
             )
         if not all(img["loaded"] and img["width"] > 100 for img in f["images"]):
             yield f"a figure did not load: {f['images']}"
+
+    _check_all(rendered, check)
+
+
+def test_no_code_block_is_cut_off_and_no_page_is_wider_than_the_window(rendered):
+    def check(page):
+        for text in page.facts["cut"]:
+            yield f"a code block runs past its box with no way to scroll it: {text!r}"
+        if page.facts["page_overflow"] > 1:
+            yield f"the page is {page.facts['page_overflow']} px wider than the window"
 
     _check_all(rendered, check)
 
