@@ -10,6 +10,7 @@ Contract:
   server sent: `lifecycle` (GET /debug/lifecycle), `chat_chunk` (every chunk of a chat
   stream with usage), `metrics` (the metric families of /metrics). A field the server sends
   and the table omits fails, and so does a field in the table the server does not send.
+  `code:module.Class` tables name exactly the fields of that dataclass or Struct.
 - No page (Markdown or a notebook's Markdown) shows hand-pasted server output: a code
   block that looks like an SSE stream, an HTTP status line, a /debug/lifecycle or
   completion body, an error body, /metrics lines, log lines or a shell prompt must be a
@@ -166,6 +167,15 @@ def flat(value, prefix: str = "") -> set[str]:
 
 
 def live_fields(name: str) -> set[str]:
+    if name.startswith("code:"):  # a class of the package: its dataclass or Struct fields
+        import dataclasses
+        import importlib
+
+        module, _, cls = name[len("code:") :].rpartition(".")
+        obj = getattr(importlib.import_module(module), cls)
+        if dataclasses.is_dataclass(obj):
+            return {f.name for f in dataclasses.fields(obj)}
+        return set(obj.__struct_fields__)
     live = json.loads((SAMPLES / "live.json").read_text())
     if name == "lifecycle":
         return {n for n in flat(live["lifecycle"]) if "." in n}  # the leaves under a component
@@ -183,7 +193,7 @@ def field_tables() -> list[tuple[Path, str, set[str]]]:
     for source in sources():
         lines = outside_fences(markdown_of(source))
         for i, line in enumerate(lines):
-            m = re.match(r"\s*<!-- fields: ([a-z_]+) -->", line)
+            m = re.match(r"\s*<!-- fields: ([a-z_]+|code:[\w.]+) -->", line)
             if not m:
                 continue
             rows = []
@@ -197,7 +207,7 @@ def field_tables() -> list[tuple[Path, str, set[str]]]:
                 first = row.split("|")[1]
                 parent = ""
                 for name in re.findall(r"`([^`]+)`", first):
-                    name = re.sub(r"\{.*\}", "", name).replace("[]", "").strip()
+                    name = re.sub(r"\{.*\}", "", name).replace("[]", "").split(":")[0].strip()
                     if "." not in name and parent:
                         name = f"{parent}.{name}"
                     parent = name.rsplit(".", 1)[0] if "." in name else ""
