@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
+from quiz_material import FAULTY_DIR, load
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
@@ -138,16 +139,8 @@ def loop_hold_limit(seconds: float) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(left, 0.01))
 
 
-async def take_await_clear(state: RequestState) -> AsyncIterator[Output]:
-    """The order the question asks about: take, let the loop run, then clear."""
-    while True:
-        await state.event.wait()
-        output = state.buffer.take()
-        await asyncio.sleep(0)
-        state.event.clear()
-        yield output
-        if output.finished:
-            return
+# the order the question asks about (take, let the loop run, then clear): a faulty design
+take_await_clear = load(FAULTY_DIR / "q4_take_await_clear.py").wait_for_ack
 
 
 # ---------------------------------------------------------------- exercise q4

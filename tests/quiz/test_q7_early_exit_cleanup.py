@@ -125,9 +125,10 @@ POINTS = [
 ]
 
 
-@pytest.mark.parametrize("point", POINTS)
-async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exercise, point):
-    frontend, backend = make_frontend()
+async def serving(exercise, frontend: FrontendManager) -> tuple[asyncio.Task, int]:
+    """A task serving one request in the exercise's scope with minisgl's consumer loop,
+    whose every send to the client blocks for ever; returns it and its uid once the
+    request is in (the listener must be running)."""
     client_reads = asyncio.Event()  # never set: a send blocks for ever
 
     async def serve() -> None:
@@ -136,12 +137,19 @@ async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exe
                 async for _ in outputs:
                     await client_reads.wait()  # writing the output to the client
 
+    task = asyncio.create_task(serve())
+    await settle()
+    if task.done():
+        task.result()  # it failed on entry: its error is the test's
+    (uid,) = frontend.states
+    return task, uid
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exercise, point):
+    frontend, backend = make_frontend()
     async with listening(frontend):
-        task = asyncio.create_task(serve())
-        await settle()
-        if task.done():
-            task.result()  # it failed on entry: its error is this test's
-        (uid,) = frontend.states
+        task, uid = await serving(exercise, frontend)
         state = frontend.states[uid]
         if point == "in_a_send_with_output_pending":
             backend.inject(UserReply(uid, "a"))
@@ -175,20 +183,8 @@ async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exe
 
 async def test_cancelled_again_on_its_way_out_it_still_cleans_up_and_aborts_once(exercise):
     frontend, backend = make_frontend()
-    client_reads = asyncio.Event()  # never set: a send blocks for ever
-
-    async def serve() -> None:
-        async with scope(exercise, frontend) as state:
-            async with aclosing(frontend.wait_for_ack(state)) as outputs:
-                async for _ in outputs:
-                    await client_reads.wait()  # writing the output to the client
-
     async with listening(frontend):
-        task = asyncio.create_task(serve())
-        await settle()
-        if task.done():
-            task.result()  # it failed on entry: its error is this test's
-        (uid,) = frontend.states
+        task, uid = await serving(exercise, frontend)
         backend.inject(UserReply(uid, "a"))
         await settle()  # blocked in a send, the request still going
 
