@@ -402,7 +402,12 @@ def shell_transcript() -> str:
 
 
 def _commit() -> str:
-    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        )
+    except OSError:  # no git: a copy of the tree, not a clone
+        return "unknown"
     return done.stdout.strip() or "unknown"
 
 
