@@ -118,7 +118,7 @@ class Session:
         self.started = time.time()
         self.server = RunningServer(None)
         self.port = self.server.port
-        self.http = httpx.Client(base_url=self.server.base_url, timeout=120)
+        self.http = httpx.Client(base_url=self.server.base_url, timeout=600)  # a loaded machine
         self.model = self.server.model_name
         self.live: dict = {}
 
@@ -257,7 +257,7 @@ def _http_session(s: Session) -> None:
         during = s.http.get("/debug/lifecycle")
     assert during.json()["frontend"]["requests"] == 1, during.text
     s.write("lifecycle-busy.txt", during.text)
-    s.server.wait_zero(timeout=5)  # the client left: every count back at zero
+    s.server.wait_zero(timeout=60)  # the client left: every count back at zero
     r = s.http.get("/debug/lifecycle")
     s.write("lifecycle-after.txt", r.text)
     after = s.live["lifecycle"] = r.json()
@@ -383,7 +383,7 @@ def shell_transcript() -> str:
         cwd=str(ROOT),
         encoding="utf-8",
         codec_errors="replace",
-        timeout=180,
+        timeout=600,  # start-up, and an answer, on a loaded machine
         dimensions=(40, 200),
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
