@@ -243,7 +243,7 @@ def _http_session(s: Session) -> None:
 
     # -------- the official client: the example file, run with the server's port
     code = (EXAMPLES / "openai_client.py").read_text().replace(SHOWN, f"127.0.0.1:{s.port}")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"chapters/examples/openai_client.py failed:\n{done.stderr}"
     s.write("openai.txt", done.stdout)
 
