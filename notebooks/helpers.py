@@ -7,25 +7,62 @@
   /debug/lifecycle at hand (`minisgl.testing.server.RunningServer`); stopped by `stop()`
   or, at the latest, when the kernel exits.
 - `show(fig)`: displays a matplotlib figure drawn with the Agg backend (no display needed).
+  Figures are labelled in Chinese: matplotlib uses Noto Sans CJK (fonts-noto-cjk, which
+  `make test` installs for the site test), with DejaVu Sans for the rest; without a CJK
+  font the Chinese glyphs are missing, and matplotlib's warning about it is silenced.
+- Log records of minisgl (a frontend's warning about a slow client, say) are printed to
+  the notebook's stdout, as one line each, rather than to stderr.
+- `checks`: the exercises' checks (notebooks/checks.py), imported here for the notebooks.
 """
 
 from __future__ import annotations
 
 import atexit
 import io
+import logging
+import sys
+import warnings
 
 import matplotlib
 
 matplotlib.use("Agg")  # draw off-screen: works in CI without a display
 
+import checks  # noqa: E402, F401  (the notebooks' `checks.NAME(...)` cells)
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
 
 from minisgl.message import TokenizeMsg  # noqa: E402
 from minisgl.testing.fakes import FakeBackend, listening, make_frontend  # noqa: E402, F401
 from minisgl.testing.server import RunningServer  # noqa: E402
 
-
 # ---------------------------------------------------------------- plots
+CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK TC")
+
+
+def _cjk_font() -> str | None:
+    """The first CJK font matplotlib knows of, registering the system's CJK font files
+    first if its font cache was built before they were installed."""
+    names = {f.name for f in font_manager.fontManager.ttflist}
+    if not names.intersection(CJK_FONTS):
+        for path in font_manager.findSystemFonts():
+            if "cjk" in path.lower():
+                font_manager.fontManager.addfont(path)
+        names = {f.name for f in font_manager.fontManager.ttflist}
+    return next((name for name in CJK_FONTS if name in names), None)
+
+
+_CJK = _cjk_font()
+plt.rcParams["font.family"] = [*([_CJK] if _CJK else []), "DejaVu Sans"]
+plt.rcParams["axes.unicode_minus"] = False  # CJK fonts often lack U+2212
+warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from")  # no CJK font
+warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
+
+_log = logging.StreamHandler(sys.stdout)
+_log.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+logging.getLogger("minisgl").addHandler(_log)
+logging.getLogger("minisgl").propagate = False  # printed once, to stdout
+
+
 def show(fig) -> None:
     """Display `fig` as a PNG in the notebook (or do nothing outside one), then close it."""
     buf = io.BytesIO()
@@ -76,6 +113,8 @@ def flat_lifecycle(state: dict) -> dict[str, int]:
 # ---------------------------------------------------------------- timelines
 PROCESSES = ("api", "tokenizer", "scheduler")
 PHASE_COLOURS = {"queued": "#f2c14e", "prefill": "#4e79a7", "decode": "#59a14f"}
+PHASE_NAMES = {"queued": "排队", "prefill": "prefill", "decode": "decode"}
+LANE_NAMES = {"api": "API Server", "tokenizer": "Tokenizer Worker", "scheduler": "Scheduler"}
 END_COLOURS = {"finished": "#2e7d32", "aborted": "#e15759", "error": "#b71c1c"}
 
 
@@ -101,7 +140,7 @@ def draw_timeline(timeline: dict, ax=None, title: str | None = None):
     lanes = {p: i for i, p in enumerate(reversed(PROCESSES))}
     for name, start, end in _phases(timeline["events"]):
         ax.barh(lanes["scheduler"], end - start, left=start, height=0.5,
-                color=PHASE_COLOURS[name], label=name)  # fmt: skip
+                color=PHASE_COLOURS[name], label=PHASE_NAMES[name])  # fmt: skip
     for e in timeline["events"]:
         y = lanes[e["process"]]
         if e["event"] in END_COLOURS:
@@ -113,9 +152,9 @@ def draw_timeline(timeline: dict, ax=None, title: str | None = None):
                         textcoords="offset points", fontsize=8, color=colour)  # fmt: skip
         elif e["event"] != "decode":
             ax.plot(e["t"], y, "o", ms=4, color="#333", zorder=4)
-    ax.set_yticks(list(lanes.values()), [p for p in lanes])
+    ax.set_yticks(list(lanes.values()), [LANE_NAMES[p] for p in lanes])
     ax.set_ylim(-0.7, len(PROCESSES) - 0.3)
-    ax.set_xlabel("seconds since the request arrived")
+    ax.set_xlabel("自请求到达起的秒数")
     ax.set_title(title or f"{timeline['request_id']} ({timeline['state']})", loc="left")
     ax.grid(axis="x", alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()

@@ -473,6 +473,7 @@ class Scheduler:
             self.timeline.prefill(req, req.extend_len, self.steps, req.cached_len)
         self.timeline.step(tokens)
 
+    # --8<-- [start:finish_step]
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: one reply per sequence that had not ended."""
         out = launched.handle.result()
@@ -506,6 +507,8 @@ class Scheduler:
                     self.timeline.first_token(req)
         return replies
 
+    # --8<-- [end:finish_step]
+
     def _constraint_broken(self, req: Req, problem: str) -> BackendErrorMsg:
         """A constrained sequence that can no longer satisfy its constraint ends its whole
         request with an error: output reported as finished always parses."""
@@ -531,6 +534,7 @@ class Scheduler:
         self._end(req)
         return replies
 
+    # --8<-- [start:end_sequence]
     def _end(self, req: Req) -> None:
         """A finished sequence leaves whichever manager holds it and frees what it holds."""
         req.ended = True
@@ -543,6 +547,8 @@ class Scheduler:
         else:  # preempted while its last token was pending
             self.prefill_manager.remove_req(req)
         self._free_req_resources(req)
+
+    # --8<-- [end:end_sequence]
 
     def _schedule_next_batch(self) -> Batch | None:
         self._make_room_for_decode()

@@ -174,10 +174,13 @@ def create_app(
             params.cache_salt = f"{tenant}:{params.cache_salt or ''}"
         return params
 
+    # --8<-- [start:respond]
     def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
         if req.user is not None:
             logger.info("request %s: user %r", request_id_var.get(), req.user)
         return (StreamResponse if req.stream else FullResponse)(frontend(), job)
+
+    # --8<-- [end:respond]
 
     # --8<-- [start:chat_route]
     def chat_job(req: ChatCompletionRequest, fmt: ChatFormat) -> Job:

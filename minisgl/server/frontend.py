@@ -246,6 +246,7 @@ class FrontendManager:
         return store.snapshot(counts, **query)
 
     # --8<-- [start:listen]
+    # --8<-- [start:listen_loop]
     async def listen(self) -> None:
         while True:
             for msg in await self._recv():
@@ -253,9 +254,11 @@ class FrontendManager:
                     if (fut := self._queries.get(msg.query_id)) and not fut.done():
                         fut.set_result(msg)
                     continue
+                # --8<-- [end:listen_loop]
                 if isinstance(msg, TimelineMsg):
                     self._on_timeline(msg)
                     continue
+                # --8<-- [start:listen_route]
                 state = self.states.get(msg.uid)
                 if state is None or state.terminal:
                     continue  # a late reply: its request is gone or already ended
@@ -271,6 +274,7 @@ class FrontendManager:
                     state.terminal = True
                 elif state.buffer.pending_bytes > self.max_pending_bytes:
                     self._fail_slow_client(state)
+                # --8<-- [end:listen_route]
 
     # --8<-- [end:listen]
 

@@ -44,6 +44,7 @@ class ParamError(ValueError):
         self.param = param
 
 
+# --8<-- [start:strict_model]
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -59,6 +60,9 @@ class _Strict(BaseModel):
             if not f.is_required():
                 optional |= {name, f.alias or name}
         return {k: v for k, v in data.items() if v is not None or k not in optional}
+
+
+# --8<-- [end:strict_model]
 
 
 class TextPart(_Strict):
@@ -284,6 +288,7 @@ class ResponseFormat(_Strict):
         return None
 
 
+# --8<-- [start:sampling_fields]
 class _SamplingFields(_Strict):
     """Parameters shared by both endpoints."""
 
@@ -296,6 +301,7 @@ class _SamplingFields(_Strict):
     seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # --8<-- [end:sampling_fields]
     presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
@@ -394,6 +400,7 @@ class _IgnoredChatFields(_Strict):
 
 
 # --8<-- [start:request_model]
+# --8<-- [start:request_model_core]
 class ChatCompletionRequest(_IgnoredChatFields, _SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None  # the newer name of max_tokens
@@ -430,6 +437,8 @@ class ChatCompletionRequest(_IgnoredChatFields, _SamplingFields):
             raise ParamError("chat_template_kwargs", message)
         self._check_tools()
         return self
+
+    # --8<-- [end:request_model_core]
 
     def template_kwargs(self) -> dict[str, Any] | None:
         """The chat template's extra variables: chat_template_kwargs, and reasoning_effort."""

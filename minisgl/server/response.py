@@ -119,6 +119,7 @@ class _CompletionResponse(Response):
         raise NotImplementedError
 
 
+# --8<-- [start:full_serve]
 class FullResponse(_CompletionResponse):
     """Non-streaming: collect the whole output, then one JSON body."""
 
@@ -154,6 +155,9 @@ class FullResponse(_CompletionResponse):
             )
             with states[0].sending():  # a client that never reads this body is a stall too
                 await self.send_response(send, json_response(200, body))
+
+
+# --8<-- [end:full_serve]
 
 
 def _too_large(cap: int) -> ErrorInfo:

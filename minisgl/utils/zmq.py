@@ -90,9 +90,12 @@ class PushQueue(Generic[T]):
         self._sock.connect(addr)
         self._codec: Codec[T] = Codec(union)
 
+    # --8<-- [start:push_put]
     def put(self, msgs: list[T]) -> None:
         if msgs:
             self._sock.send(self._codec.encode(msgs), zmq.NOBLOCK)
+
+    # --8<-- [end:push_put]
 
     def close(self, linger_ms: int = 0) -> None:
         """`linger_ms`: how long frames still queued may take to go out (a process's last)."""
@@ -138,6 +141,7 @@ class AsyncPullQueue(Generic[T]):
         self._addr = addr
         self._codec: Codec[T] = Codec(union)
 
+    # --8<-- [start:async_pull_get]
     async def get(self) -> list[T]:
         """Wait for a frame, then take every frame already waiting without awaiting again
         (one future per frame costs more than the decode under a stream of replies).
@@ -147,6 +151,8 @@ class AsyncPullQueue(Generic[T]):
             _decode_into(msgs, self._codec, await self._sock.recv(), self._addr)
             _take_waiting(msgs, self._drain, self._codec, self._addr)
         return msgs
+
+    # --8<-- [end:async_pull_get]
 
     def close(self) -> None:
         self._sock.close()

@@ -2,8 +2,10 @@
 
 Contract: `QUESTIONS` maps each question's marker (q1..q7) to its exercise file name and
 the question in a line; the learner edits `EXERCISES / name`, the reference solution is
-`SOLUTIONS / name`, both with the same interface. `load(path)` imports such a file by its
-path (once per session), under a name that tells the two folders apart.
+`SOLUTIONS / name`, both with the same interface. `FAULTY` names the designs the chapter
+warns about (`FAULTY_DIR / file`, with the interface of their question's exercise), each
+with its question and the words its failure must say. `load(path)` imports such a file
+by its path (once per session), under a name that tells the folders apart.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ QUIZ = Path(__file__).resolve().parent
 ROOT = QUIZ.parents[1]
 EXERCISES = QUIZ / "exercises"
 SOLUTIONS = QUIZ / "solutions"
+FAULTY_DIR = QUIZ / "faulty"
 
 # marker: (exercise file, the question)
 QUESTIONS = {
@@ -26,6 +29,22 @@ QUESTIONS = {
     "q5": ("q5_route_by_uid.py", "interleaved A/B replies reach only their own request"),
     "q6": ("q6_sse_stream.py", "the anatomy of the SSE stream, errors before and after it"),
     "q7": ("q7_request_scope.py", "early exit, cancellation and errors: what cleans up"),
+}
+
+# faulty design: (its question, what a failure of that question's tests must say)
+FAULTY = {
+    "q1_calls_generate_on_the_loop.py": ("q1", "the event loop stood still"),
+    "q3_event_only.py": ("q3", "an event is a flag and holds no data"),
+    "q3_list_only.py": ("q3", "never woke"),
+    "q4_take_await_clear.py": ("q4", "a wake-up was lost"),
+    "q4_spins.py": ("q4", "polls or spins"),
+    "q4_polls.py": ("q4", "polls or spins"),
+    "q5_creates_state.py": ("q5", "created state"),
+    "q6_headers_first.py": ("q6", "sent before the first output"),
+    "q7_cleanup_after_the_yield.py": ("q7", "its request's state is not gone"),
+    "q7_awaits_on_the_way_out.py": ("q7", "cancelled a second time on its way out"),
+    "q7_aborts_always.py": ("q7", "although the terminal reply had arrived"),
+    "q7_cleans_up_later.py": ("q7", "is still in `states`"),
 }
 
 _loaded: dict[Path, ModuleType] = {}

@@ -1,14 +1,18 @@
 """The quiz material itself: untouched exercises fail, the solutions pass in their place,
-and neither needs torch.
+each faulty design the chapter warns about fails its question, and none needs torch.
 
-Two runs of the quiz as a learner runs it (`--learner-dir`, in a subprocess in which
-`import torch` raises ImportError before pytest starts):
+Runs of the quiz as a learner runs it (`--learner-dir`, in a subprocess in which
+`import torch` raises ImportError before pytest starts), side by side:
 - the exercise files as committed, copied to a temporary folder: every question q1..q7
   has a failing test, and every failure is its question's stub saying which file to edit;
 - the reference solutions copied to a temporary folder: every test passes, and they are
-  the same tests as in the first run.
-Besides: each exercise file has the public names and signatures of its solution, and
-chapters/quiz.md quotes each solution in its question's answer box.
+  the same tests as in the first run;
+- the faulty designs of tests/quiz/faulty/ (`quiz_material.FAULTY`), each in its
+  question's place among the solutions (a few runs, at most one design per question in
+  each, only those questions' tests): each design fails a test of its question, and a
+  failure says, in the chapter's words, what that design gets wrong.
+Besides: each exercise file and each faulty design has the public names and signatures
+of its solution, and chapters/quiz.md quotes each solution in its question's answer box.
 
 A learner's run (`--learner`) does not collect this file: it checks the material, and the
 learner's edited exercises would fail the first run by design.
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from quiz_material import EXERCISES, QUESTIONS, ROOT, SOLUTIONS, load
+from quiz_material import EXERCISES, FAULTY, FAULTY_DIR, QUESTIONS, ROOT, SOLUTIONS, load
 
 # run pytest in a fresh interpreter where torch cannot be imported, as on a machine
 # without it (the finder refuses it before the installed one could be found)
@@ -49,7 +53,7 @@ else:
 import pytest
 sys.exit(pytest.main(sys.argv[1:]))
 """
-pytestmark = pytest.mark.timeout(900)  # two runs of the whole quiz
+pytestmark = pytest.mark.timeout(900)  # several runs of the quiz
 
 EDITED = (
     " (this checks the exercises as committed; if you have edited them, check your answers"
@@ -67,11 +71,18 @@ class Run:
     skipped: list[str]
 
 
-def start_as_learner(files: Path, workdir: Path) -> tuple[subprocess.Popen, Path]:
-    """Start the whole quiz on a copy of `files`, without torch."""
+def start_as_learner(
+    files: Path, workdir: Path, replace: dict[str, Path] | None = None, only: str | None = None
+) -> tuple[subprocess.Popen, Path]:
+    """Start the quiz on a copy of `files` (with the files of `replace` put in place of
+    theirs: exercise file name -> file), without torch; `only`: a marker expression."""
     learner = workdir / "learner"
     shutil.copytree(files, learner, ignore=shutil.ignore_patterns("__pycache__"))
+    for name, source in (replace or {}).items():
+        shutil.copyfile(source, learner / name)
     args = ["tests/quiz", "--learner-dir", str(learner), f"--junitxml={workdir / 'report.xml'}"]
+    if only:
+        args += ["-m", only]
     with open(workdir / "output.txt", "w") as output:
         proc = subprocess.Popen(
             [sys.executable, "-c", WITHOUT_TORCH, *args, "-q", "-p", "no:cacheprovider"]
@@ -97,13 +108,32 @@ def finish(proc: subprocess.Popen, workdir: Path) -> Run:
     return Run(proc.returncode, output, results, skipped)
 
 
+def faulty_rounds() -> list[dict[str, str]]:
+    """The faulty designs in rounds: round k holds the k-th design of each question
+    (question -> design file), so one run checks several questions' designs at once."""
+    rounds: list[dict[str, str]] = []
+    for design, (question, _) in FAULTY.items():
+        spot = next((r for r in rounds if question not in r), None)
+        if spot is None:
+            rounds.append(spot := {})
+        spot[question] = design
+    return rounds
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Run]:
-    """The quiz run on the untouched exercises and on the solutions, side by side."""
+    """The quiz run on the untouched exercises, on the solutions and on the faulty designs
+    (in the solutions' place), side by side; keys "stubs", "solutions", "faulty-0", ..."""
     started = {
         name: start_as_learner(files, tmp_path_factory.mktemp(name))
         for name, files in (("stubs", EXERCISES), ("solutions", SOLUTIONS))
     }
+    for k, designs in enumerate(faulty_rounds()):
+        replace = {QUESTIONS[q][0]: FAULTY_DIR / design for q, design in designs.items()}
+        only = " or ".join(sorted(designs))
+        started[f"faulty-{k}"] = start_as_learner(
+            SOLUTIONS, tmp_path_factory.mktemp(f"faulty-{k}"), replace, only
+        )
     try:
         return {name: finish(*run) for name, run in started.items()}
     finally:
@@ -142,6 +172,28 @@ def test_the_solutions_in_a_learners_place_pass_every_test(runs):
     assert {question_of(t) for t in solutions_run.results} == set(QUESTIONS)
 
 
+def test_each_faulty_design_fails_its_question_saying_what_is_wrong(runs):
+    checked = set()
+    for k, designs in enumerate(faulty_rounds()):
+        run = runs[f"faulty-{k}"]
+        assert run.results, run.output[-3000:]
+        assert "torch is blocked" not in run.output, run.output[-3000:]
+        for question, design in designs.items():
+            words = FAULTY[design][1]
+            failures = [
+                msg
+                for test_id, msg in run.results.items()
+                if question_of(test_id) == question and msg is not None
+            ]
+            assert failures, f"faulty design {design} passes every test of {question}"
+            assert any(words in msg for msg in failures), (
+                f"faulty design {design} fails {question}, but no failure says {words!r}:\n"
+                + "\n".join(failures)
+            )
+            checked.add(design)
+    assert checked == set(FAULTY)
+
+
 def test_the_quiz_runs_without_torch(runs):
     # both runs refused `import torch`, and every test passed on the solutions
     for run in runs.values():
@@ -173,6 +225,15 @@ def test_each_exercise_has_the_interface_of_its_solution(question):
     solution = public_interface(load(SOLUTIONS / filename))
     assert exercise, f"{filename} defines nothing to write"
     assert {name: solution.get(name) for name in exercise} == exercise
+
+
+@pytest.mark.parametrize("design", FAULTY)
+def test_each_faulty_design_has_the_interface_of_its_solution(design):
+    question = FAULTY[design][0]
+    faulty = public_interface(load(FAULTY_DIR / design))
+    solution = public_interface(load(SOLUTIONS / QUESTIONS[question][0]))
+    assert faulty, f"{design} defines nothing"
+    assert {name: solution.get(name) for name in faulty} == faulty
 
 
 @pytest.mark.parametrize("question", QUESTIONS)

@@ -142,7 +142,8 @@ async def test_awaiting_the_reply_lets_other_connections_run_meanwhile():
 
 
 async def test_it_returns_what_generate_returns_and_passes_on_its_errors(exercise):
-    assert await exercise.generate_off_the_loop(str.upper, "kv cache") == "KV CACHE"
+    got = await exercise.generate_off_the_loop(str.upper, "kv cache")
+    assert got == "KV CACHE", f"it must return what generate returned; it returned {got!r}"
 
     def failing(prompt: str) -> str:
         raise ValueError(f"cannot generate for {prompt}")
@@ -182,8 +183,13 @@ async def test_the_loop_keeps_running_while_generate_holds_its_thread(exercise):
 
 async def test_a_route_using_it_answers_another_connection_meanwhile(exercise):
     probe = await run_scenario("exercise", exercise)
-    assert probe.ticks_during["exercise"] > 0
-    assert probe.log == ["exercise:start", "ping", "exercise:end"]
+    assert probe.ticks_during["exercise"] > 0, (
+        "the event loop stood still while the route's generate ran: every other connection waited"
+    )
+    assert probe.log == ["exercise:start", "ping", "exercise:end"], (
+        "the second connection (/ping) was answered only after the first request ended "
+        f"(order: {probe.log}): the route held the event loop"
+    )
 
 
 # ---------------------------------------------------------------- minisgl's route

@@ -142,24 +142,34 @@ async def message_of_the_route(req: ChatCompletionRequest, uid: int) -> Tokenize
 async def test_your_message_is_the_one_the_chat_route_sends(exercise, fields):
     req = parse(**fields)
     mine = exercise.tokenize_msg(req, 7)
-    assert isinstance(mine, TokenizeMsg)
-    assert mine == await message_of_the_route(req, 7)
+    assert isinstance(mine, TokenizeMsg), f"tokenize_msg must return a TokenizeMsg, not {mine!r}"
+    assert mine == await message_of_the_route(req, 7), (
+        "your TokenizeMsg differs from the one the chat route sends the tokenizer worker for "
+        "this request (the comparison below shows where)"
+    )
 
 
 def test_messages_become_the_chat_template_input(exercise):
     msg = exercise.tokenize_msg(parse(), 3)
-    assert msg.uid == 3
+    assert msg.uid == 3, "the message must carry the request's uid"
     assert msg.messages == [
         {"role": "system", "content": "用中文回答。"},  # the template's name for "developer"
         {"role": "user", "content": "什么是 KV Cache？"},  # text parts joined
-    ]
-    assert msg.text is None and msg.input_ids_packed is None  # the template builds the prompt
+    ], (
+        "`messages` must reach the tokenizer worker as the chat template's input: "
+        "ChatMessage.as_template_input() of each (developer -> system, text parts joined)"
+    )
+    assert msg.text is None and msg.input_ids_packed is None, (
+        "a chat request carries messages only: the worker's chat template builds the prompt"
+    )
 
 
 def test_either_name_of_max_tokens_reaches_the_scheduler(exercise):
     for name in ("max_tokens", "max_completion_tokens"):
-        assert exercise.tokenize_msg(parse(**{name: 64}), 0).sampling_params.max_tokens == 64
-    assert exercise.tokenize_msg(parse(), 0).sampling_params.max_tokens is None
+        got = exercise.tokenize_msg(parse(**{name: 64}), 0).sampling_params.max_tokens
+        assert got == 64, f"`{name}: 64` must reach the scheduler as SamplingParams.max_tokens"
+    got = exercise.tokenize_msg(parse(), 0).sampling_params.max_tokens
+    assert got is None, "without a limit the scheduler decides (the room left): max_tokens None"
 
 
 async def test_the_fields_you_name_are_exactly_those_that_reach_no_worker(exercise):

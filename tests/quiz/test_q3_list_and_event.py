@@ -42,46 +42,53 @@ def test_replies_delivered_before_the_consumer_looks_are_all_kept(exercise):
     inbox = exercise.ReplyInbox()
     inbox.deliver(reply("KV", 1))
     inbox.deliver(reply(" Cache", 2))  # the consumer has not run in between
-    assert inbox.event.is_set()
+    assert inbox.event.is_set(), "two replies were delivered, and the event is not set"
     taken = inbox.take()
-    assert taken.text == "KV Cache" and not taken.finished
+    assert taken.text == "KV Cache", (
+        f"two replies arrived before the consumer looked, it got {taken.text!r}: an event is a "
+        "flag and holds no data, the replies must wait in a buffer"
+    )
+    assert not taken.finished, "no terminal reply was delivered"
 
 
 async def test_a_waiting_consumer_is_woken_by_a_delivery(exercise):
     inbox = exercise.ReplyInbox()
     waiter = asyncio.create_task(inbox.event.wait())
     await settle()
-    assert not waiter.done()  # nothing delivered: it waits
+    assert not waiter.done(), "nothing was delivered, yet the event is set"
     inbox.deliver(reply("KV", 1))
     try:
         await asyncio.wait_for(waiter, WAKE_TIMEOUT)
     except asyncio.TimeoutError:
         pytest.fail("a reply was delivered, but the consumer waiting on `event` never woke")
-    assert inbox.take().text == "KV"
+    assert inbox.take().text == "KV", "the delivered text was not there to take"
 
 
 def test_a_reply_without_news_wakes_nobody(exercise):
     inbox = exercise.ReplyInbox()
     inbox.deliver(reply("", 1))  # e.g. the first byte of a character: counts only
     assert not inbox.event.is_set(), "woken for nothing: the consumer would take nothing"
-    assert inbox.take() == ("", False)
+    assert inbox.take() == ("", False), "a reply with no text and no end leaves nothing to take"
 
 
 def test_the_terminal_reply_wakes_even_without_text(exercise):
     inbox = exercise.ReplyInbox()
     inbox.deliver(reply("", 3, last=True))
-    assert inbox.event.is_set()
-    assert inbox.take().finished
+    assert inbox.event.is_set(), (
+        "the terminal reply must wake the consumer even without text: else it waits for ever"
+    )
+    assert inbox.take().finished, "the terminal reply was delivered, take() must say so"
 
 
 def test_take_returns_the_text_in_order_and_leaves_nothing_pending(exercise):
     inbox = exercise.ReplyInbox()
     for i, piece in enumerate(["什么", "是 ", "KV"]):
         inbox.deliver(reply(piece, i + 1))
-    assert inbox.take().text == "什么是 KV"
-    assert inbox.take().text == ""  # taken once, gone
+    got = inbox.take().text
+    assert got == "什么是 KV", f"take() must return all text since the last take, in order: {got!r}"
+    assert inbox.take().text == "", "taken once, the text must be gone"
     inbox.deliver(reply("？", 4, last=True))
-    assert inbox.take() == ("？", True)
+    assert inbox.take() == ("？", True), "the terminal reply's text and the end, together"
 
 
 # ---------------------------------------------------------------- the contrast

@@ -4,7 +4,12 @@ Checks `wait_for_ack(state)` (exercise q4) over a real RequestState fed by minis
 listener: five replies between two wake-ups come out as one output holding all five;
 a reply that lands while the consumer is away (right after it took, while its caller
 writes to the client) wakes it again, so nothing is stranded in the buffer; with nothing
-pending the next wait really waits; the generator ends after the terminal output.
+pending the consumer really waits on the event: while nothing arrives it is suspended
+once and stays so (every suspension of its `anext` is counted: a loop that polls on a
+timer, or spins on `asyncio.sleep(0)`, suspends again and again), and a reply wakes it
+at once, not at the next tick of a timer; a consumer that holds the event loop without
+ever awaiting is stopped after a while with a message saying so; the generator ends after
+the terminal output.
 
 A consumer still waiting after a timeout fails the check instead of hanging the run. The
 last test runs the same check on the order the question asks about (take, await, clear).
@@ -13,10 +18,15 @@ last test runs the same check on the order the question asks about (take, await,
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+import signal
+import time
+import types
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import pytest
+from quiz_material import FAULTY_DIR, load
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
@@ -28,6 +38,9 @@ pytestmark = pytest.mark.q4
 
 PIECES = ["什么", "是 ", "KV", " Cache", "？"]
 Loop = Callable[[RequestState], AsyncIterator[Output]]
+IDLE_ROUNDS = 50  # loop iterations with nothing arriving
+IDLE_SECONDS = 0.1  # and real time with nothing arriving: a timer-driven poll wakes in it
+HOLD_LIMIT = 3  # seconds a consumer may hold the event loop before the test stops it
 
 
 def make_msg(uid: int) -> TokenizeMsg:
@@ -83,16 +96,51 @@ async def replies_right_after_each_take(wait_for_ack: Loop, timeout: float) -> l
         feeding.cancel()
 
 
-async def take_await_clear(state: RequestState) -> AsyncIterator[Output]:
-    """The order the question asks about: take, let the loop run, then clear."""
+@types.coroutine
+def counting(awaitable: Awaitable, suspensions: list[int]):
+    """Await `awaitable`, adding 1 to suspensions[0] each time it suspends (gives the
+    event loop back until something wakes it)."""
+    it = awaitable.__await__()
+    value, error = None, None
     while True:
-        await state.event.wait()
-        output = state.buffer.take()
-        await asyncio.sleep(0)
-        state.event.clear()
-        yield output
-        if output.finished:
-            return
+        try:
+            step = it.throw(error) if error is not None else it.send(value)
+        except StopIteration as done:
+            return done.value
+        suspensions[0] += 1
+        value, error = None, None
+        try:
+            value = yield step
+        except BaseException as exc:  # cancellation: pass it in
+            error = exc
+
+
+@contextmanager
+def loop_hold_limit(seconds: float) -> Iterator[None]:
+    """Stop a consumer that holds the event loop (a loop without an await) after
+    `seconds`, instead of hanging the whole run."""
+
+    def stop(signum, frame):
+        raise AssertionError(
+            f"the consumer held the event loop for {seconds} s without awaiting: it spins "
+            "in a loop with no `await`, so the listener can never deliver a reply"
+        )
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)  # pytest-timeout's, if any
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:  # give the outer alarm back what it had left
+            left = outer - (time.monotonic() - start)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 0.01))
+
+
+# the order the question asks about (take, let the loop run, then clear): a faulty design
+take_await_clear = load(FAULTY_DIR / "q4_take_await_clear.py").wait_for_ack
 
 
 # ---------------------------------------------------------------- exercise q4
@@ -106,37 +154,57 @@ async def test_five_replies_one_wakeup_one_output_holding_all_five(exercise):
                 backend.inject(reply(state.uid, i))
             await settle()
             outputs = exercise.wait_for_ack(state)
-            out = await anext(outputs)
-            assert out.text == "".join(PIECES) and out.completion_tokens == len(PIECES)
-            assert state.buffer.pending_bytes == 0
+            with loop_hold_limit(HOLD_LIMIT):
+                out = await asyncio.wait_for(anext(outputs), 2.0)
+            assert out.text == "".join(PIECES), (
+                f"five replies were waiting, one wake-up should take all five; got {out.text!r}"
+            )
+            assert out.completion_tokens == len(PIECES), "the output's token count is stale"
+            assert state.buffer.pending_bytes == 0, "text was left in the buffer after the take"
             await outputs.aclose()
 
 
 async def test_a_reply_landing_while_the_consumer_is_away_is_not_lost(exercise):
     try:
-        texts = await replies_right_after_each_take(exercise.wait_for_ack, timeout=2.0)
+        with loop_hold_limit(HOLD_LIMIT):
+            texts = await replies_right_after_each_take(exercise.wait_for_ack, timeout=2.0)
     except asyncio.TimeoutError:
         pytest.fail(
             "a wake-up was lost: a reply waits in the buffer, the event is clear, "
             "and the consumer waits for ever"
         )
-    assert "".join(texts) == "".join(PIECES)
+    assert "".join(texts) == "".join(PIECES), f"replies were lost or reordered: got {texts}"
     assert all(texts), "an output without news: a wake-up for nothing"
 
 
-async def test_with_nothing_pending_the_next_wait_really_waits(exercise):
+async def test_with_nothing_pending_the_consumer_waits_on_the_event(exercise):
     frontend, backend = make_frontend()
     async with listening(frontend):
         async with frontend.request(make_msg) as state:
             outputs = exercise.wait_for_ack(state)
             backend.inject(reply(state.uid, 0))
-            assert (await anext(outputs)).text == PIECES[0]
+            with loop_hold_limit(HOLD_LIMIT):
+                first = await asyncio.wait_for(anext(outputs), 2.0)
+            assert first.text == PIECES[0], f"expected the first reply's text, got {first.text!r}"
 
-            nxt = asyncio.ensure_future(anext(outputs))
-            await settle()
+            suspensions = [0]
+            nxt = asyncio.ensure_future(counting(anext(outputs), suspensions))
+            with loop_hold_limit(HOLD_LIMIT):
+                await settle(IDLE_ROUNDS)  # nothing arrives: loop iterations ...
+                await asyncio.sleep(IDLE_SECONDS)  # ... and real time
             assert not nxt.done(), "the loop went on with nothing new to take"
+            idle = suspensions[0]
             backend.inject(reply(state.uid, 1))
-            assert (await asyncio.wait_for(nxt, 1.0)).text == PIECES[1]
+            await settle()  # the listener sets the event; a waiting consumer runs at once
+            assert idle <= 1, (
+                f"with nothing new to take the consumer woke up {idle - 1} times: it polls or "
+                "spins (asleep on a timer or on asyncio.sleep(0)) instead of waiting on the event"
+            )
+            assert nxt.done(), (
+                "a reply arrived and set the event, but the consumer did not wake: it sleeps "
+                "on a timer and polls the buffer instead of waiting on the event"
+            )
+            assert nxt.result().text == PIECES[1]
             await outputs.aclose()
 
 
@@ -150,10 +218,14 @@ async def test_the_generator_ends_after_the_terminal_output(exercise):
                 return [out async for out in exercise.wait_for_ack(state)]
 
             try:
-                outputs = await asyncio.wait_for(every_output(), 1.0)
+                with loop_hold_limit(HOLD_LIMIT):
+                    outputs = await asyncio.wait_for(every_output(), 1.0)
             except asyncio.TimeoutError:
                 pytest.fail("the terminal output came, but the generator went on waiting")
-    assert len(outputs) == 1 and outputs[0].finished and outputs[0].text == "".join(PIECES[:2])
+    assert len(outputs) == 1 and outputs[0].finished, (
+        "both replies, the terminal one included, were pending: one output, the terminal one"
+    )
+    assert outputs[0].text == "".join(PIECES[:2]), f"text lost: got {outputs[0].text!r}"
     assert frontend.states == {} and backend.aborts() == []
 
 

@@ -57,34 +57,48 @@ def test_a1_b1_b2_a2_each_request_gets_only_its_own(exercise, one_batch):
     order = [reply(3, "A1"), reply(8, "B1"), reply(8, "B2", True), reply(3, "A2", True)]
     for batch in [order] if one_batch else [[r] for r in order]:
         exercise.route(states, batch)
-    assert set(states) == {3, 8}
+    assert set(states) == {3, 8}, f"route may not add or remove states: {sorted(states)}"
     a, b = states[3], states[8]
-    assert (a.buffer.take().text, b.buffer.take().text) == ("A1A2", "B1B2")
-    assert a.event.is_set() and b.event.is_set()
-    assert a.terminal and b.terminal  # their scopes need not abort anything
+    texts = (a.buffer.take().text, b.buffer.take().text)
+    assert texts == ("A1A2", "B1B2"), (
+        f"A1 B1 B2 A2 must reach only their own request, in order; A got {texts[0]!r}, "
+        f"B got {texts[1]!r}"
+    )
+    assert a.event.is_set() and b.event.is_set(), "a request got news and was not woken"
+    assert a.terminal and b.terminal, (
+        "the terminal reply must mark the state terminal: else its scope sends an AbortMsg "
+        "for a request that already ended"
+    )
 
 
 def test_a_reply_for_a_uid_without_state_is_dropped_and_creates_none(exercise):
     states = {3: RequestState(3)}
     exercise.route(states, [reply(99, "late"), reply(3, "A1")])
-    assert list(states) == [3] and states[3].buffer.take().text == "A1"
+    assert list(states) == [3], (
+        f"a late reply (uid 99 has no state) created state: {sorted(states)}; no scope will "
+        "ever remove it"
+    )
+    assert states[3].buffer.take().text == "A1", "the reply after the late one was lost"
 
 
 def test_a_reply_after_the_terminal_one_is_dropped(exercise):
     state = RequestState(3)
     exercise.route({3: state}, [reply(3, "A1", last=True)])
     state.event.clear()
-    assert state.buffer.take().text == "A1"
+    assert state.buffer.take().text == "A1", "the terminal reply's text was not delivered"
     exercise.route({3: state}, [reply(3, "late")])
-    assert state.buffer.pending_bytes == 0 and not state.event.is_set()
+    assert state.buffer.pending_bytes == 0 and not state.event.is_set(), (
+        "a reply after the terminal one is late: it must be dropped, not delivered"
+    )
 
 
 def test_a_reply_without_news_wakes_nobody(exercise):
     state = RequestState(3)
     exercise.route({3: state}, [UserReply(3, "", completion_tokens=1)])  # counts only
-    assert not state.event.is_set() and not state.terminal
+    assert not state.event.is_set(), "woken for a reply without news (append returned False)"
+    assert not state.terminal, "a reply that is not the terminal one marked the state terminal"
     exercise.route({3: state}, [reply(3, "A1")])
-    assert state.event.is_set()
+    assert state.event.is_set(), "a reply with text did not wake the consumer"
 
 
 # ---------------------------------------------------------------- three components
@@ -187,9 +201,15 @@ async def run_ours(route: Route, scenario: str) -> Run:
 async def test_through_three_components_each_gets_its_own_and_nothing_is_left(exercise, scenario):
     got, left, aborts, b = await run_ours(exercise.route, scenario)
     cancelled = scenario == "b_cancelled_after_b1"
-    assert got == {"A": TEXT["A"], "B": TEXT["B"][:1] if cancelled else TEXT["B"]}
-    assert left == {"frontend": 0, "tokenizer": 0, "scheduler": 0}
-    assert aborts == ([b] if cancelled else [])  # only a request that left early
+    want = {"A": TEXT["A"], "B": TEXT["B"][:1] if cancelled else TEXT["B"]}
+    assert got == want, f"each consumer must get exactly its own text: got {got}, want {want}"
+    assert left == {"frontend": 0, "tokenizer": 0, "scheduler": 0}, (
+        f"state left behind once the requests were over: {left}"
+    )
+    assert aborts == ([b] if cancelled else []), (
+        f"AbortMsg sent for {aborts}: only a request that left before its terminal reply "
+        "(the cancelled B) is aborted, exactly once"
+    )
 
 
 # ---------------------------------------------------------------- the reference's design

@@ -115,62 +115,89 @@ async def test_nothing_is_sent_before_the_first_output(exercise):
     assert wire.messages == [], "sent before the first output: an error could not get a status"
     gate.set()
     await asyncio.wait_for(task, 2.0)
-    assert wire.start["status"] == 200
+    assert wire.start["status"] == 200, "a stream that begins well is a 200"
 
 
 async def test_role_text_finish_reason_and_done_in_order(exercise):
     wire = await stream(exercise, STREAM)
-    assert wire.start["status"] == 200
-    assert wire.header(b"content-type").startswith(b"text/event-stream")
+    assert wire.start["status"] == 200, "a stream that begins well is a 200"
+    assert wire.header(b"content-type").startswith(b"text/event-stream"), (
+        "an SSE stream is sent as text/event-stream"
+    )
     payloads = sse_payloads(wire.raw)  # every event: "data: " + payload + blank line
-    assert payloads[-1] == "[DONE]"
+    assert payloads[-1] == "[DONE]", "the stream must end with data: [DONE]"
     chunks = [ChatCompletionChunk.model_validate(json.loads(p)) for p in payloads[:-1]]
-    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("chatcmpl-")
-    assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks)
+    assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("chatcmpl-"), (
+        "every chunk of one stream carries the same chatcmpl-… id"
+    )
+    assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks), (
+        "every chunk is a chat.completion.chunk naming the model"
+    )
 
     deltas = [c.choices[0].delta for c in chunks]
     reasons = [c.choices[0].finish_reason for c in chunks]
     # the first chunk: the role, together with the first text
-    assert deltas[0].role == "assistant" and deltas[0].content == PIECES[0]
+    assert deltas[0].role == "assistant" and deltas[0].content == PIECES[0], (
+        "the first chunk carries the role assistant together with the first text"
+    )
     # then the text increments, content only
-    assert [d.content for d in deltas[1:-1]] == [*PIECES[1:], LAST]
-    assert all(d.role is None for d in deltas[1:])
+    assert [d.content for d in deltas[1:-1]] == [*PIECES[1:], LAST], (
+        "after the first chunk, each carries only the new text of its output"
+    )
+    assert all(d.role is None for d in deltas[1:]), "only the first chunk carries the role"
     # then an empty delta with the finish reason, the only one that has one
-    assert deltas[-1].content is None and deltas[-1].role is None
-    assert reasons == [None] * (len(chunks) - 1) + ["stop"]
+    assert deltas[-1].content is None and deltas[-1].role is None, (
+        "the finish_reason comes in a chunk of its own, with an empty delta"
+    )
+    assert reasons == [None] * (len(chunks) - 1) + ["stop"], (
+        f"only the last chunk has a finish_reason: {reasons}"
+    )
 
 
 async def test_one_send_per_output_and_the_end_goes_out_in_the_last(exercise):
     merged = [[text(0, PIECES[0]), text(1, PIECES[1])], [text(2, PIECES[2]), the_end()]]
     wire = await stream(exercise, merged)  # two wake-ups, two replies each
-    first, last = wire.bodies  # exactly one send per output
-    assert first.get("more_body") is True
+    bodies = wire.bodies
+    assert len(bodies) == 2, f"two outputs, so two sends of the body; there were {len(bodies)}"
+    first, last = bodies
+    assert first.get("more_body") is True, "the response must stay open after the first send"
     (payload,) = sse_payloads(first["body"])
-    assert json.loads(payload)["choices"][0]["delta"]["content"] == "".join(PIECES[:2])
+    assert json.loads(payload)["choices"][0]["delta"]["content"] == "".join(PIECES[:2]), (
+        "one output holds two replies: one chunk with both texts"
+    )
     new_text, finish, done = sse_payloads(last["body"])
     assert json.loads(new_text)["choices"][0]["delta"] == {"content": PIECES[2] + LAST}
-    assert json.loads(finish)["choices"][0]["finish_reason"] == "stop"
-    assert done == "[DONE]"
+    assert json.loads(finish)["choices"][0]["finish_reason"] == "stop", "no finish chunk"
+    assert done == "[DONE]", "the last send holds the end: text, finish chunk, [DONE]"
 
 
 @pytest.mark.parametrize("error", [TOO_LONG, GONE], ids=["prompt_too_long", "backend_gone"])
 async def test_an_error_before_the_first_byte_is_a_real_status_and_a_json_body(exercise, error):
     wire = await stream(exercise, [[the_end("", error)]])
     answer = to_http(error, "messages")
-    assert wire.start["status"] == answer.status != 200
-    assert wire.header(b"content-type").startswith(b"application/json")
+    assert wire.start["status"] == answer.status != 200, (
+        f"the error came before the first byte: its real status {answer.status}, not "
+        f"{wire.start['status']} (wait for the first output before sending the headers)"
+    )
+    assert wire.header(b"content-type").startswith(b"application/json"), (
+        "an error before the first byte is a plain JSON error body"
+    )
     assert b"data:" not in wire.raw, "an error before the stream began is no event"
-    assert json.loads(wire.raw) == answer.body()
+    assert json.loads(wire.raw) == answer.body(), "not the OpenAI error body of to_http"
 
 
 async def test_an_error_after_the_first_byte_is_an_error_event_then_done(exercise):
     wire = await stream(exercise, [[text(0, PIECES[0])], [the_end("", GONE)]])
     assert wire.start["status"] == 200  # already sent: the status cannot change
     payloads = sse_payloads(wire.raw)
-    assert payloads[-1] == "[DONE]"
-    assert json.loads(payloads[-2]) == to_http(GONE, "messages").body()
+    assert payloads[-1] == "[DONE]", "after an error event the stream still ends with [DONE]"
+    assert json.loads(payloads[-2]) == to_http(GONE, "messages").body(), (
+        'an error after the first byte is one data: {"error": ...} event, just before [DONE]'
+    )
     chunks = [json.loads(p) for p in payloads[:-2]]
-    assert [c["choices"][0]["delta"].get("content") for c in chunks] == [PIECES[0]]
+    assert [c["choices"][0]["delta"].get("content") for c in chunks] == [PIECES[0]], (
+        "only the text before the error is sent as chunks"
+    )
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks), (
         "the request did not finish: it failed"
     )

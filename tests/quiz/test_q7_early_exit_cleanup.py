@@ -9,6 +9,9 @@ listener and consumer loop over a FakeBackend:
   pending, woken but not yet run, blocked in a send after the terminal reply) has no state
   left the moment it is done, and sent one AbortMsg if and only if the terminal reply had
   not arrived;
+- a task cancelled a second time while it leaves the scope (a server cancels a request
+  whose client left, then cancels it again as it shuts down) still leaves no state and
+  sends exactly one AbortMsg: the exit path must not await;
 - an exception in the block propagates after the same cleanup; a message that cannot be
   made or sent leaves no state and nothing to abort; an error reply ends the request
   without an abort.
@@ -37,6 +40,17 @@ from minisgl.testing.fakes import FakeBackend, listening, make_frontend, settle,
 pytestmark = pytest.mark.q7
 
 
+LEFT_STATE = "the scope was left {how}, but the uid's RequestState is still in `states`"
+ABORT_AFTER_END = (
+    "an AbortMsg was sent although the terminal reply had arrived: the workers had already "
+    "let go of the uid (abort only when leaving before the terminal reply)"
+)
+ONE_ABORT = (
+    "leaving before the terminal reply must send exactly one AbortMsg for the uid, so the "
+    "tokenizer worker and the scheduler free it too; sent for: {sent}"
+)
+
+
 def make_msg(uid: int) -> TokenizeMsg:
     return TokenizeMsg(uid, SamplingParams(), text="什么是 KV Cache？")
 
@@ -57,14 +71,20 @@ def scope(exercise, frontend: FrontendManager, make: Callable[[int], TokenizeMsg
 async def test_inside_the_block_the_state_exists_and_the_message_went_out(exercise):
     frontend, backend = make_frontend()
     async with scope(exercise, frontend) as state:
-        assert frontend.states == {state.uid: state}
-        assert [m.uid for m in backend.tokenized()] == [state.uid]
-        assert backend.tokenized()[0] == make_msg(state.uid)
+        assert frontend.states == {state.uid: state}, (
+            "inside the scope the uid's RequestState must be in `states`, where the listener "
+            f"finds it; states holds {frontend.states}"
+        )
+        assert [m.uid for m in backend.tokenized()] == [state.uid], (
+            "inside the scope the TokenizeMsg must have gone out, exactly once"
+        )
+        assert backend.tokenized()[0] == make_msg(state.uid), "not the message make_msg made"
         backend.inject(*replies(state.uid))
         async with listening(frontend):
             outs = [out.text async for out in frontend.wait_for_ack(state)]
-    assert outs == ["ab"]
-    assert frontend.states == {} and backend.aborts() == []
+    assert outs == ["ab"], f"the request's output was {outs}"
+    assert frontend.states == {}, LEFT_STATE.format(how="after its terminal reply")
+    assert backend.aborts() == [], ABORT_AFTER_END
 
 
 async def test_break_on_the_terminal_output_leaves_nothing_and_sends_no_abort(exercise):
@@ -77,7 +97,8 @@ async def test_break_on_the_terminal_output_leaves_nothing_and_sends_no_abort(ex
                     async for out in outputs:
                         if out.finished:
                             break
-    assert frontend.states == {} and backend.aborts() == []
+    assert frontend.states == {}, LEFT_STATE.format(how="by a `break` on its terminal output")
+    assert backend.aborts() == [], ABORT_AFTER_END
 
 
 async def test_break_before_the_end_removes_state_and_aborts_once(exercise):
@@ -88,10 +109,12 @@ async def test_break_before_the_end_removes_state_and_aborts_once(exercise):
             async with aclosing(frontend.wait_for_ack(state)) as outputs:
                 async for _ in outputs:
                     break  # the caller has seen enough
-        assert frontend.states == {} and backend.aborts() == [state.uid]
+        assert frontend.states == {}, LEFT_STATE.format(how="by a `break` before the end")
+        assert backend.aborts() == [state.uid], ONE_ABORT.format(sent=backend.aborts())
         backend.inject(*replies(state.uid))  # already on their way
         await settle()
-    assert frontend.states == {} and backend.aborts() == [state.uid]
+    assert frontend.states == {}, "a late reply recreated state after the scope was left"
+    assert backend.aborts() == [state.uid], ONE_ABORT.format(sent=backend.aborts())
 
 
 POINTS = [
@@ -102,9 +125,10 @@ POINTS = [
 ]
 
 
-@pytest.mark.parametrize("point", POINTS)
-async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exercise, point):
-    frontend, backend = make_frontend()
+async def serving(exercise, frontend: FrontendManager) -> tuple[asyncio.Task, int]:
+    """A task serving one request in the exercise's scope with minisgl's consumer loop,
+    whose every send to the client blocks for ever; returns it and its uid once the
+    request is in (the listener must be running)."""
     client_reads = asyncio.Event()  # never set: a send blocks for ever
 
     async def serve() -> None:
@@ -113,12 +137,19 @@ async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exe
                 async for _ in outputs:
                     await client_reads.wait()  # writing the output to the client
 
+    task = asyncio.create_task(serve())
+    await settle()
+    if task.done():
+        task.result()  # it failed on entry: its error is the test's
+    (uid,) = frontend.states
+    return task, uid
+
+
+@pytest.mark.parametrize("point", POINTS)
+async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exercise, point):
+    frontend, backend = make_frontend()
     async with listening(frontend):
-        task = asyncio.create_task(serve())
-        await settle()
-        if task.done():
-            task.result()  # it failed on entry: its error is this test's
-        (uid,) = frontend.states
+        task, uid = await serving(exercise, frontend)
         state = frontend.states[uid]
         if point == "in_a_send_with_output_pending":
             backend.inject(UserReply(uid, "a"))
@@ -136,12 +167,37 @@ async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exe
 
         task.cancel()  # the client went away
         await asyncio.gather(task, return_exceptions=True)
-        assert frontend.states == {}, "the task is done, but its request's state is not gone"
-        assert backend.aborts() == ([] if terminal else [uid])
+        assert frontend.states == {}, (
+            "the task is done, but its request's state is not gone: the cleanup must run "
+            "on the way out of the scope (in a `finally`), right then, not a moment later"
+        )
+        expected = [] if terminal else [uid]
+        message = ABORT_AFTER_END if terminal else ONE_ABORT.format(sent=backend.aborts())
+        assert backend.aborts() == expected, message
 
         backend.inject(UserReply(uid, "late"))  # a token already on its way
         await settle()
-    assert frontend.states == {} and backend.aborts() == ([] if terminal else [uid])
+    assert frontend.states == {}, "a late reply recreated state after the scope was left"
+    assert backend.aborts() == expected, message
+
+
+async def test_cancelled_again_on_its_way_out_it_still_cleans_up_and_aborts_once(exercise):
+    frontend, backend = make_frontend()
+    async with listening(frontend):
+        task, uid = await serving(exercise, frontend)
+        backend.inject(UserReply(uid, "a"))
+        await settle()  # blocked in a send, the request still going
+
+        task.cancel()  # the client went away ...
+        await asyncio.sleep(0)  # the task starts unwinding: up to its first await, if any
+        task.cancel()  # ... and the server, shutting down, cancels it once more
+        await asyncio.gather(task, return_exceptions=True)
+        assert frontend.states == {}, (
+            "cancelled a second time on its way out, the scope left its state behind: its "
+            "exit path awaits before it cleans up, and the second cancellation interrupted it "
+            "there (send_one is synchronous so that the exit path need not await)"
+        )
+        assert backend.aborts() == [uid], ONE_ABORT.format(sent=backend.aborts())
 
 
 async def test_an_exception_in_the_block_propagates_after_cleanup_and_one_abort(exercise):
@@ -152,7 +208,8 @@ async def test_an_exception_in_the_block_propagates_after_cleanup_and_one_abort(
                 backend.inject(UserReply(state.uid, "a"))
                 async for _ in frontend.wait_for_ack(state):
                     raise UnicodeError("the response could not be written")
-    assert frontend.states == {} and backend.aborts() == [state.uid]
+    assert frontend.states == {}, LEFT_STATE.format(how="by an exception")
+    assert backend.aborts() == [state.uid], ONE_ABORT.format(sent=backend.aborts())
 
 
 @pytest.mark.parametrize("failing", ["make_msg", "send"])
@@ -175,7 +232,12 @@ async def test_a_message_that_never_went_out_leaves_no_state_and_nothing_to_abor
     with pytest.raises(OverflowError, match="cannot be"):
         async with scope(exercise, frontend, make):
             pytest.fail("the block ran although the request never reached the workers")
-    assert frontend.states == {} and backend.sent == []
+    assert frontend.states == {}, (
+        "the message never went out, but its RequestState stayed in `states`"
+    )
+    assert backend.sent == [], (
+        f"nothing reached the workers, so there was nothing to abort; sent: {backend.sent}"
+    )
 
 
 async def test_an_error_reply_ends_the_request_without_abort(exercise):
@@ -186,7 +248,11 @@ async def test_an_error_reply_ends_the_request_without_abort(exercise):
             backend.inject(UserReply(state.uid, finished=True, error=too_long))
             outs = [out async for out in frontend.wait_for_ack(state)]
     assert len(outs) == 1 and outs[0].finished and outs[0].error == too_long
-    assert frontend.states == {} and backend.aborts() == []  # the backend already let go
+    assert frontend.states == {}, LEFT_STATE.format(how="after an error reply")
+    assert backend.aborts() == [], (
+        "the error reply was the request's terminal reply: the backend already let go, "
+        "no AbortMsg is due"
+    )
 
 
 # ---------------------------------------------------------------- the reference's design

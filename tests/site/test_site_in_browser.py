@@ -10,7 +10,10 @@ Contract:
   - one visible h1, and as many h2/h3 as the page's source (.md or notebook markdown) has;
   - each mermaid block of the source rendered to an SVG (no syntax-error SVG) in which no
     two text boxes (node labels, subgraph titles, edge labels, actor/message/note texts)
-    overlap by more than 3 px each way (the lines of one multi-line label touch);
+    overlap by more than 3 px each way (the lines of one multi-line label touch), shown at
+    three quarters of its size or more (readable at page width: a wider one scrolls);
+  - no code or output block whose text runs past its box with nothing to scroll it, and
+    no page wider than the window (1280 px);
   - each snippet (`--8<-- "file:section"`) rendered as highlighted code containing the
     first line of that section of that file;
   - no uncaught script error.
@@ -32,28 +35,33 @@ from __future__ import annotations
 
 import functools
 import http.server
-import json
-import os
-import re
 import shutil
 import subprocess
-import sys
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from site_pages import (
+    CHAPTERS,
+    NOTEBOOKS,
+    ROOT,
+    Page,
+    executed_notebook,
+    figures_shown,
+    first_line_of,
+    headings,
+    mermaid_blocks,
+    output_count,
+    png_outputs,
+    snippets,
+)
 
 # the first test builds the site, executing every notebook: minutes on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-ROOT = Path(__file__).resolve().parents[2]
-CHAPTERS = ROOT / "chapters"
-NOTEBOOKS = ROOT / "notebooks"
 CHROMIUM = Path("/usr/bin/chromium")
 MERMAID_JS = CHAPTERS / "assets" / "vendor" / "mermaid.min.js"
-CHAPTER_PAGE = "http-and-concurrency/"
+CHAPTER_PAGE = "http-and-concurrency/"  # the chapter's pages: its index and sections
 
 # text boxes in a rendered mermaid diagram that must not overlap one another
 LABELS = ", ".join(
@@ -103,9 +111,17 @@ DIAGRAM_FACTS = """([selector, tolerance]) => [...document.querySelectorAll("div
       if (w > tolerance && h > tolerance) overlaps.push(`${a.text} / ${b.text} (${w.toFixed(0)}x${h.toFixed(0)} px)`);
     }
   }
+  const vb = svg.viewBox && svg.viewBox.baseVal;
+  const style = getComputedStyle(host);
   return {width: r.width, height: r.height, error: /Syntax error/i.test(svg.textContent),
-          labels: boxes.length, overlaps};
+          labels: boxes.length, overlaps,
+          scale: vb && vb.width ? r.width / vb.width : 1,  // < 1: shrunk to fit the page
+          clipped: host.scrollWidth > host.clientWidth + 1
+                   && !["auto", "scroll"].includes(style.overflowX)};
 })"""
+
+# a diagram shrunk below this is too small to read (mermaid's 16 px text at 12 px)
+MIN_DIAGRAM_SCALE = 0.75
 
 # the search worker has loaded the index: the result list shows its placeholder line
 SEARCH_READY = """() => {
@@ -127,79 +143,22 @@ PAGE_FACTS = """() => {
       .map((o) => o.innerText).join("").trim().length,
     images: [...article.querySelectorAll(".jp-OutputArea-output img")]
       .map((img) => ({loaded: img.complete && img.naturalWidth > 0, width: img.naturalWidth})),
+    // code and output blocks whose text runs past their box with nothing to scroll it
+    cut: [...article.querySelectorAll("pre, pre > code")]
+      .filter((el) => el.scrollWidth > el.clientWidth + 1
+                      && !["auto", "scroll"].includes(getComputedStyle(el).overflowX))
+      .map((el) => el.textContent.trim().slice(0, 60)),
+    page_overflow: document.documentElement.scrollWidth - window.innerWidth,
   };
 }"""
 
 
-# ------------------------------------------------------------------ the site, built and served
-@pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    prebuilt = os.environ.get("MINISGL_SITE_DIR")
-    if prebuilt:
-        assert (Path(prebuilt) / "index.html").is_file(), f"MINISGL_SITE_DIR={prebuilt}: no site"
-        return Path(prebuilt)
-    out = tmp_path_factory.mktemp("site")
-    mkdocs = [sys.executable, "-m", "mkdocs", "build", "--strict", "-q", "-d", str(out)]
-    start = time.monotonic()
-    done = subprocess.run(
-        mkdocs,
-        cwd=ROOT,
-        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "MINISGL_SITE_EXECUTE": "1"},
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stderr[-6000:]}"
-    print(f"\nsite built (notebooks executed) in {time.monotonic() - start:.0f} s")
-    return out
-
-
-@dataclass
-class Page:
-    url: str  # relative to the site root, "" for the home page
-    source: Path  # the .md or .ipynb it was built from
-    facts: dict = field(default_factory=dict)
-    diagrams: list = field(default_factory=list)
-    errors: list = field(default_factory=list)
-
-    @property
-    def is_notebook(self) -> bool:
-        return self.source.suffix == ".ipynb"
-
-
-def source_of(url: str) -> Path | None:
-    """The file a page was built from (use_directory_urls: foo/bar/ <- foo/bar.md)."""
-    stem = url.rstrip("/") or "index"
-    for candidate in (CHAPTERS / f"{stem}.md", CHAPTERS / stem / "index.md"):
-        if candidate.is_file():
-            return candidate
-    if stem.startswith("notebooks/") and (NOTEBOOKS / f"{stem[10:]}.ipynb").is_file():
-        return NOTEBOOKS / f"{stem[10:]}.ipynb"
-    return None
-
-
-@pytest.fixture(scope="module")
-def pages(site) -> list[Page]:
-    found = []
-    for index in sorted(site.rglob("index.html")):
-        rel = index.parent.relative_to(site).as_posix()
-        url = "" if rel == "." else f"{rel}/"
-        if url.startswith(("assets/", "search/")):
-            continue
-        source = source_of(url)
-        assert source is not None, f"page {url or '/'}: no source found for it"
-        found.append(Page(url, source))
-    return found
-
-
-def executed_notebook(site: Path, page: Page) -> dict:
-    """The notebook the page offers for download: the copy executed by the build."""
-    return json.loads((site / page.url / page.source.name).read_text(encoding="utf-8"))
+# ------------------------------------------------------------------ the site, served
 
 
 def test_the_strict_build_has_every_page_and_runs_every_notebook(site, pages):
     sources = {p.source for p in pages}
-    expected = {*CHAPTERS.glob("*.md"), *NOTEBOOKS.glob("*.ipynb")}
+    expected = {*CHAPTERS.glob("*.md"), *CHAPTERS.glob("*/*.md"), *NOTEBOOKS.glob("*.ipynb")}
     assert expected <= sources, f"no page for {sorted(str(p) for p in expected - sources)}"
     for page in (p for p in pages if p.is_notebook):
         code = [c for c in executed_notebook(site, page)["cells"] if c["cell_type"] == "code"]
@@ -281,67 +240,6 @@ def rendered(browser, server, pages) -> list[Page]:
     return pages
 
 
-# ------------------------------------------------------------------ what the sources say
-def markdown_of(source: Path) -> str:
-    if source.suffix == ".ipynb":
-        cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
-        return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    return source.read_text(encoding="utf-8")
-
-
-def outside_fences(text: str) -> list[str]:
-    lines, fence = [], None
-    for line in text.splitlines():
-        stripped = line.lstrip()
-        if fence is None and stripped.startswith(("```", "~~~")):
-            fence = stripped[:3]
-        elif fence is not None and stripped.startswith(fence):
-            fence = None
-        elif fence is None:
-            lines.append(line)
-    return lines
-
-
-def headings(source: Path, level: int) -> int:
-    mark = "#" * level + " "
-    return sum(line.startswith(mark) for line in outside_fences(markdown_of(source)))
-
-
-def mermaid_blocks(source: Path) -> list[str]:
-    return re.findall(r"^\s*```mermaid\s*$", markdown_of(source), flags=re.M)
-
-
-def snippets(source: Path) -> list[str]:
-    return re.findall(r'^\s*--8<--\s+"([^"]+)"\s*$', markdown_of(source), flags=re.M)
-
-
-def first_line_of(spec: str) -> str:
-    """The first non-blank line that the snippet `file[:section]` quotes."""
-    path, _, section = spec.partition(":")
-    lines = (ROOT / path).read_text(encoding="utf-8").splitlines()
-    if section:
-        start = next(i for i, s in enumerate(lines) if f"--8<-- [start:{section}]" in s)
-        lines = lines[start + 1 :]
-    return next(s.strip() for s in lines if s.strip() and "--8<--" not in s)
-
-
-def figures_shown(source: Path) -> int:
-    """`show(...)` calls in the code cells: each one displays one figure (helpers.show)."""
-    cells = json.loads(source.read_text(encoding="utf-8"))["cells"]
-    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    return len(re.findall(r"^\s*show\(", code, flags=re.M))
-
-
-def png_outputs(notebook: dict) -> int:
-    return sum(
-        "image/png" in o.get("data", {}) for c in notebook["cells"] for o in c.get("outputs", [])
-    )
-
-
-def output_count(notebook: dict) -> int:
-    return sum(len(c.get("outputs", [])) for c in notebook["cells"])
-
-
 # ------------------------------------------------------------------ the checks
 def _check_all(rendered, check) -> None:
     failures = [f"{p.url or '/'}: {msg}" for p in rendered for msg in check(p)]
@@ -373,6 +271,10 @@ def test_every_mermaid_block_renders_to_svg_without_overlapping_labels(rendered)
                 yield f"diagram {i} did not render: {d}"
             elif d["labels"] < 2:
                 yield f"diagram {i}: only {d['labels']} text boxes found"
+            if d["scale"] < MIN_DIAGRAM_SCALE:
+                yield f"diagram {i} is shrunk to {d['scale']:.2f} of its size: too small to read"
+            if d["clipped"]:
+                yield f"diagram {i} is wider than the page and cannot be scrolled"
             for overlap in d["overlaps"]:
                 yield f"diagram {i}: text boxes overlap: {overlap}"
 
@@ -417,6 +319,16 @@ def test_every_notebook_page_shows_its_outputs_and_figures(rendered, site):
             )
         if not all(img["loaded"] and img["width"] > 100 for img in f["images"]):
             yield f"a figure did not load: {f['images']}"
+
+    _check_all(rendered, check)
+
+
+def test_no_code_block_is_cut_off_and_no_page_is_wider_than_the_window(rendered):
+    def check(page):
+        for text in page.facts["cut"]:
+            yield f"a code block runs past its box with no way to scroll it: {text!r}"
+        if page.facts["page_overflow"] > 1:
+            yield f"the page is {page.facts['page_overflow']} px wider than the window"
 
     _check_all(rendered, check)
 
