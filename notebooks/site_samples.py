@@ -47,11 +47,11 @@ TEXTS = [
     "startup", "stream", "full", "error-model", "error-type", "error-functions",
     "error-too-long", "openai", "lifecycle-busy", "lifecycle-after", "cached-usage",
     "metrics-prefix", "flush", "metrics", "health", "tools", "shell", "usage-stream",
-    "lifecycle-idle", "blocking",
+    "lifecycle-idle", "blocking", "responses", "prompt-scores",
 ]  # fmt: skip
 COMMANDS = [
     "stream", "full", "error-model", "error-type", "error-functions", "error-too-long",
-    "cached-usage", "tools", "usage-stream",
+    "cached-usage", "tools", "usage-stream", "responses", "prompt-scores",
 ]  # fmt: skip
 PROSE = ["stream", "full", "lifecycle-after", "cached-usage", "metrics", "usage-stream", "run"]
 
@@ -318,6 +318,30 @@ def _http_session(s: Session) -> None:
     r = s.post(tools)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["tool_calls"], r.text
     s.write("tools.txt", r.text)
+
+    # -------- running.md: the Responses API, and scoring a prompt (echo, max_tokens 0)
+    asked = {
+        "model": s.model,
+        "instructions": "Answer in one sentence.",
+        "input": FRANCE,
+        "max_output_tokens": 32,
+        "temperature": 0,
+    }
+    s.write("responses.sh", curl("/v1/responses", asked))
+    r = s.http.post("/v1/responses", json=asked)
+    assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
+    s.write("responses.txt", r.text)
+    scored = {
+        "model": s.model,
+        "prompt": "The capital of France is Paris",
+        "echo": True,
+        "logprobs": 1,
+        "max_tokens": 0,
+    }
+    s.write("prompt-scores.sh", curl("/v1/completions", scored))
+    r = s.http.post("/v1/completions", json=scored)
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"]["tokens"], r.text
+    s.write("prompt-scores.txt", r.text)
 
     # -------- the chapter's SSE anatomy (4.4): include_usage, greedy
     body = s.chat(FRANCE, temperature=0, stream=True, stream_options={"include_usage": True})

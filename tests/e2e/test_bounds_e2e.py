@@ -48,6 +48,7 @@ def test_a_whole_answer_past_the_response_cap_is_a_400_and_streaming_it_is_serve
     special = re.compile(rb"<\|[a-z_]+\|>")
     spelled = {i: special.sub(b"", s).decode(errors="replace") for i, s in spelled.items()}
     assert spelled == content
-    assert all(295 <= n <= 300 for n in entries.values()), entries
+    # (how many last tokens a random model leaves without text varies: a handful at most)
+    assert all(300 - 16 <= n <= 300 for n in entries.values()), entries
     small = httpx.post(chat_url(server), json=tokens_body(server, 5, logprobs=True), timeout=60)
     assert small.status_code == 200, small.text
