@@ -49,7 +49,11 @@ Count = Annotated[int, Field(**{**_MAX_TOKENS, "ge": 1})]
 # completions' max_tokens may be 0: with echo that scores the prompt and generates nothing
 CompletionCount = Annotated[int, Field(**_MAX_TOKENS)]
 # a request field named otherwise than the SamplingParams field whose rule it follows
-_RULE_OF = {"max_completion_tokens": "max_tokens", "top_logprobs": "logprobs"}
+_RULE_OF = {
+    "max_completion_tokens": "max_tokens",
+    "max_output_tokens": "max_tokens",  # /v1/responses
+    "top_logprobs": "logprobs",
+}
 
 
 def sampling_field(name: str, default: Any = None, **extra: Any) -> Any:
@@ -318,8 +322,30 @@ class ResponseFormat(_Strict):
         return None
 
 
+class RuleChecked(BaseModel):
+    """A request model (mixed in) whose fields named as SamplingParams' (or in `_RULE_OF`)
+    follow its rules."""
+
+    # --8<-- [start:sampling_rules]
+    # check_fields=False: the fields are those of the subclasses
+    @field_validator(*SAMPLING_RULES, *_RULE_OF, mode="before", check_fields=False)
+    @classmethod
+    def _rules(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each field's rule as SamplingParams declares it, with its message, before the
+        type check (a value of the wrong type, or null, passes to that: the request field's
+        own type says whether null is allowed)."""
+        name = info.field_name
+        if value is None:
+            return value
+        if (message := SAMPLING_RULES[_RULE_OF.get(name, name)].problem(name, value)) is not None:
+            raise ParamError(name, message)
+        return value
+
+    # --8<-- [end:sampling_rules]
+
+
 # --8<-- [start:sampling_fields]
-class _SamplingFields(_Strict):
+class _SamplingFields(_Strict, RuleChecked):
     """Parameters shared by both endpoints."""
 
     model: str | None = None  # omitted: the served model (as vLLM and llama.cpp allow)
@@ -345,24 +371,6 @@ class _SamplingFields(_Strict):
     response_format: ResponseFormat | None = None
     # vLLM's: requests share cached prefix pages only when their salts are equal
     cache_salt: str | None = sampling_field("cache_salt")
-
-    # --8<-- [start:sampling_rules]
-    @field_validator(
-        *SAMPLING_RULES,
-        *_RULE_OF,
-        mode="before",
-        check_fields=False,  # fields of subclasses
-    )
-    @classmethod
-    def _rules(cls, value: Any, info: ValidationInfo) -> Any:
-        """Each field's rule as SamplingParams declares it, with its message, before the
-        type check (a value of the wrong type passes to that)."""
-        name = info.field_name
-        if (message := SAMPLING_RULES[_RULE_OF.get(name, name)].problem(name, value)) is not None:
-            raise ParamError(name, message)
-        return value
-
-    # --8<-- [end:sampling_rules]
 
     @model_validator(mode="after")
     def _check(self):

@@ -172,3 +172,13 @@ def test_every_sampling_field_declares_a_rule_with_its_meaning() -> None:
     assert {f.name for f in fields(SamplingParams)} == set(SAMPLING_RULES)
     assert all(rule.meaning for rule in SAMPLING_RULES.values())
     assert SAMPLING_RULES["max_tokens"].nullable and not SAMPLING_RULES["top_k"].nullable
+
+
+@pytest.mark.parametrize(("param", "value"), [("temperature", 2.5), ("top_p", 0.0)])
+def test_the_responses_request_follows_the_same_rules(param, value) -> None:
+    from minisgl.server.responses import ResponsesRequest
+
+    cause = _http_refusal(ResponsesRequest, {"model": "m", "input": "hi", param: value})
+    assert (cause.param, str(cause)) == SamplingParams(**{param: value}).validate()
+    bad = _http_refusal(ResponsesRequest, {"model": "m", "input": "hi", "top_logprobs": 21})
+    assert bad.param == "top_logprobs" and "[0, 20]" in str(bad)
