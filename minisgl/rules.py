@@ -40,14 +40,11 @@ class Rule:
 
     def bounds_text(self) -> str:
         """The numeric bounds in interval notation: `[0, 2]`, `(0, 1]`, `>= 0`."""
-        low = (
-            f"[{_fmt(self.ge)}" if self.ge is not None else f"({_fmt(self.gt)}"
-            if self.gt is not None else None
-        )  # fmt: skip
-        high = (
-            f"{_fmt(self.le)}]" if self.le is not None else f"{_fmt(self.lt)})"
-            if self.lt is not None else None
-        )  # fmt: skip
+        low = high = None
+        if self.ge is not None or self.gt is not None:
+            low = f"[{_fmt(self.ge)}" if self.ge is not None else f"({_fmt(self.gt)}"
+        if self.le is not None or self.lt is not None:
+            high = f"{_fmt(self.le)}]" if self.le is not None else f"{_fmt(self.lt)})"
         if low and high:
             return f"{low}, {high}"
         if low:
@@ -70,7 +67,7 @@ class Rule:
             and (self.lt is None or x < self.lt)
         )
 
-    def _string_problem(self, name: str, s: str, what: str) -> str | None:
+    def _string_problem(self, s: str, what: str) -> str | None:
         if self.min_length is not None and len(s) < self.min_length:
             return (
                 f"{what} must not be empty"
@@ -90,13 +87,13 @@ class Rule:
                 return f"{name} must be in {self.bounds_text()}, got {value!r}"
             return None
         if isinstance(value, str):
-            return self._string_problem(name, value, name)
+            return self._string_problem(value, name)
         if isinstance(value, (list, tuple)):
             if self.max_items is not None and len(value) > self.max_items:
                 return f"{name} takes at most {self.max_items} items, got {len(value)}"
             for item in value:
                 if isinstance(item, str):
-                    if (problem := self._string_problem(name, item, f"{name} strings")) is not None:
+                    if (problem := self._string_problem(item, f"{name} strings")) is not None:
                         return problem
                 elif _number(item) and self.bounded and not self.holds(item):
                     return f"{name} items must be in {self.bounds_text()}, got {item!r}"
