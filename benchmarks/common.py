@@ -2,8 +2,11 @@
 machine, the model configs shipped in benchmarks/configs/, and writing a result file.
 
 Contract:
-- standard library only, so every script can import it, also on a GPU machine that has
-  nothing but the package's own dependencies;
+- standard library only (and minisgl's configurations, which import nothing else), so
+  every script can import it, also on a GPU machine that has nothing but the package's
+  own dependencies;
+- the engine flags a script takes are minisgl's own (`add_engine_flags`): their names,
+  help and choices are declared once, on the configuration fields;
 - the /proc readings return nan where /proc is missing or unreadable, never raise;
 - `wait_quiet` prints nothing: it returns the last reading, and the caller says, in its
   own report, that it measures on a busy machine.
@@ -84,17 +87,34 @@ def wait_quiet(limit_pct: float, timeout: float) -> float:
 
 
 # ---------------------------------------------------------------------------- models
+def add_engine_flags(p, *names: str, **defaults) -> None:
+    """The engine's and the scheduler's flags named (by field: "page_size", ...), generated
+    from their fields' declarations as `python -m minisgl` has them (name, help, choices);
+    `defaults` are the script's own where it differs from minisgl's."""
+    from minisgl.engine.config import EngineConfig
+    from minisgl.scheduler.config import SchedulerConfig
+    from minisgl.utils.flags import add_flags
+
+    for cls in (EngineConfig, SchedulerConfig):
+        add_flags(p, cls, only=names, **defaults)
+
+
+def engine_options(args: argparse.Namespace, *names: str) -> dict:
+    """The parsed values of those flags, as `LLM(**options)` takes them."""
+    return {name: getattr(args, name) for name in names}
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """--model or --config (resolved by `resolve_model`) and --dummy-weights."""
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
+    add_engine_flags(src, "model")
     src.add_argument(
         "--config",
         default=None,
         help="a config shipped in benchmarks/configs/ "
         "(e.g. qwen3-0.6b): a config-only folder, so random weights",
     )
-    p.add_argument("--dummy-weights", action="store_true", help="random weights of the real shapes")
+    add_engine_flags(p, "dummy_weights")
 
 
 def resolve_model(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -16,7 +16,7 @@ import random
 import sys
 import time
 
-from common import add_model_args, resolve_model, write_json
+from common import add_engine_flags, add_model_args, engine_options, resolve_model, write_json
 
 from minisgl import LLM, SamplingParams
 
@@ -32,12 +32,13 @@ def measure(llm: LLM, prompt: list[int], output_len: int) -> tuple[float, float]
     return stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1)
 
 
+ENGINE_FLAGS = ("device", "attention_backend", "cuda_graph")  # minisgl's own flags
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    p.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
+    add_engine_flags(p, *ENGINE_FLAGS)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3, help="keep the fastest run")
@@ -47,10 +48,8 @@ def main(argv: list[str] | None = None) -> int:
 
     llm = LLM(
         args.model,
-        device=args.device,
         dummy_weights=args.dummy_weights,
-        attention_backend=args.attention_backend,
-        cuda_graph=args.cuda_graph,
+        **engine_options(args, *ENGINE_FLAGS),
         max_running_requests=8,
         max_seq_len=args.prompt_len + args.output_len + 16,
     )

@@ -38,12 +38,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from common import add_model_args, machine_busy_seconds, resolve_model, write_json
+from common import (
+    add_engine_flags,
+    add_model_args,
+    engine_options,
+    machine_busy_seconds,
+    resolve_model,
+    write_json,
+)
 
 from minisgl import LLM, SamplingParams
-from minisgl.engine.config import EngineConfig
 from minisgl.models.weight import iter_checkpoint
-from minisgl.scheduler.config import SchedulerConfig
 from minisgl.utils.process import available_ram
 
 if TYPE_CHECKING:
@@ -312,14 +317,17 @@ def print_table(results: list[Result]) -> None:
             )
 
 
+# the engine's own flags, as `python -m minisgl` takes them (--max-seq-len is this
+# script's: its default depends on the requests)
+ENGINE_FLAGS = (
+    "device", "dtype", "page_size", "tp_size", "max_running_requests", "max_prefill_tokens",
+    "num_pages", "attention_backend", "quantization",
+)  # fmt: skip
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    engine, scheduler = EngineConfig(), SchedulerConfig()  # minisgl's own defaults
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(p)
-    p.add_argument("--device", default=engine.device, choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--dtype", default=engine.dtype, choices=["auto", "float32", "bfloat16", "float16"]
-    )
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
@@ -329,24 +337,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="max_tokens of every request (default: uniform in [--min-len, --max-len])",
     )
-    p.add_argument("--page-size", type=int, default=engine.page_size)
-    p.add_argument(
-        "--tp-size",
-        type=int,
-        default=engine.tp_size,
-        help="tensor parallelism: minisgl's model over N ranks (gloo on the CPU, NCCL on GPUs)",
-    )
-    p.add_argument("--max-running-requests", type=int, default=engine.max_running_requests)
-    p.add_argument("--max-prefill-tokens", type=int, default=scheduler.max_prefill_tokens)
-    p.add_argument("--num-pages", type=int, default=None, help="KV pages (default: from memory)")
+    add_engine_flags(p, *ENGINE_FLAGS)
     p.add_argument(
         "--max-seq-len",
         type=int,
         default=None,
         help="engine context (default: the longest request, --max-len + the longest output)",
-    )
-    p.add_argument(
-        "--attention-backend", default=engine.attention_backend, choices=["auto", "torch", "triton"]
     )
     p.add_argument(
         "--repeat",
@@ -355,13 +351,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="time each engine this many times and keep its fastest run (noisy machines)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument(
-        "--quantization",
-        default=None,
-        choices=["gguf", "none", "int8"],
-        help="our engine's weights (default: gguf for the embedded model on a CPU); "
-        "transformers always runs the float checkpoint",
-    )
     p.add_argument(
         "--baseline",
         default="transformers",
@@ -405,13 +394,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_llm(args: argparse.Namespace) -> LLM:
     llm = LLM(
-        model=args.model, device=args.device, dtype=args.dtype,
-        dummy_weights=args.dummy_weights, page_size=args.page_size,
-        max_running_requests=args.max_running_requests, num_pages=args.num_pages,
+        model=args.model,
+        dummy_weights=args.dummy_weights,
         max_seq_len=args.max_seq_len or args.max_len + max(args.max_len, args.output_len or 0),
-        attention_backend=args.attention_backend, max_prefill_tokens=args.max_prefill_tokens,
-        tp_size=args.tp_size, quantization=args.quantization,
-    )  # fmt: skip
+        **engine_options(args, *ENGINE_FLAGS),
+    )
     e = llm.engine
     print(
         f"model {e.model_dir.name} ({'random' if args.dummy_weights else 'real'} weights) on "

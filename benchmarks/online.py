@@ -56,7 +56,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import httpx
-from common import group_cpu_seconds, machine_busy_seconds, wait_quiet, write_json
+from common import add_engine_flags, group_cpu_seconds, machine_busy_seconds, wait_quiet, write_json
 from tqdm.asyncio import tqdm
 
 # Common English words that SmolLM2's (and most BPE) tokenizers keep as one token with the
@@ -408,7 +408,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="start `python -m minisgl` on a free port, run, stop it",
     )
-    g.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    add_engine_flags(g, "device", device="cpu")  # the launched server's
     g.add_argument("--launch-timeout", type=float, default=600.0)
     g.add_argument(
         "--server-arg",

@@ -23,7 +23,7 @@ import sys
 import time
 
 import torch
-from common import add_model_args, resolve_model, write_json
+from common import add_engine_flags, add_model_args, resolve_model, write_json
 
 from minisgl import LLM, SamplingParams
 
@@ -62,8 +62,7 @@ def run(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto")
+    add_engine_flags(p, "device", "dtype")
     p.add_argument("--num-seqs", type=int, default=16)
     p.add_argument("--system-len", type=int, default=1024)
     p.add_argument("--unique-len", type=int, default=32)

@@ -58,7 +58,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import add_model_args, cpu_seconds, machine_busy_seconds, resolve_model, write_json
+from common import (
+    add_engine_flags,
+    add_model_args,
+    cpu_seconds,
+    machine_busy_seconds,
+    resolve_model,
+    write_json,
+)
 
 PHASES = ["receive", "schedule", "prepare", "forward", "sample", "post", "other"]
 
@@ -275,10 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=2, help="num_hidden_layers override")
     p.add_argument("--hidden-size", type=int, default=None, help="narrower model (heads of 64)")
     p.add_argument("--vocab-size", type=int, default=None, help="smaller vocabulary")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
-    p.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false")
+    add_engine_flags(p, "device", "dtype", "attention_backend", "cuda_graph")
     overlap = p.add_mutually_exclusive_group()
     overlap.add_argument(
         "--disable-overlap-schedule",

@@ -20,7 +20,7 @@ import sys
 import time
 
 import torch
-from common import add_model_args, resolve_model, write_json
+from common import add_engine_flags, add_model_args, resolve_model, write_json
 
 from minisgl import LLM, SamplingParams
 
@@ -61,7 +61,7 @@ def timed(llm: LLM, prompts, params) -> tuple[float, list]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    add_engine_flags(p, "device")
     p.add_argument("--num-seqs", type=int, default=16)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--json", default=None)

@@ -22,10 +22,11 @@ With overlap scheduling the next step is scheduled while a token is still pendin
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
+
+from minisgl.rules import rule, rules_of
 
 FinishReason = Literal["stop", "length"]
 
@@ -37,40 +38,109 @@ MAX_STOP_LEN = 1000  # characters per stop string: what may be held back per cho
 MAX_LOGPROBS = 20  # alternatives per token
 
 
+# bounds of what the wire format (msgpack, int32 token arrays) and the engine's int64
+# tensors carry: anything larger is refused where the request enters, never an overflow
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling settings. temperature 0 means greedy.
+
+    Each field declares its rule once, here (`minisgl.rules.rule`: meaning and bounds);
+    `validate()` checks them and the relations between fields. Both entrances check before
+    anything is queued: the HTTP request models take their field constraints and messages
+    from these rules (server/protocol.py), `LLM.generate` calls `validate()`. The scheduler
+    checks only what needs the model (vocabulary, context length).
 
     Under a constraint (`json_schema` or `grammar`) the grammar decides where the output
     ends (the end-of-sequence token is allowed only once the value is complete), so stop
     strings, stop_token_ids and min_tokens, which would cut the value short or hold its end
     off, are dropped: the output always parses."""
 
-    temperature: float = 0.0
-    top_k: int = -1  # -1: no top-k filter
-    top_p: float = 1.0
-    max_tokens: int | None = None  # None: as many as the context allows
-    min_tokens: int = 0  # end-of-sequence and stop tokens/strings are held off until then
-    ignore_eos: bool = False
-    seed: int | None = None  # None: a fresh random seed per request
-    n: int = 1  # choices sampled from one prompt, prefilled once
-    stop: list[str] = field(default_factory=list)  # stop strings (matched on text)
-    stop_token_ids: list[int] = field(default_factory=list)
-    presence_penalty: float = 0.0  # subtracted once from tokens already generated
-    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
-    repetition_penalty: float = 1.0  # divides (or multiplies) logits of seen tokens
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    logprobs: int | None = None  # None: none; k >= 0: the sampled token's and k alternatives
-    # None: none; k >= 0: each prompt token's logprob given the tokens before it (the first
-    # has none) and k alternatives, computed in the prefill (completions' echo + logprobs)
-    prompt_logprobs: int | None = None
-    # the output is one JSON value valid against this JSON schema (given as JSON text)
-    json_schema: str | None = None
-    # or: the output follows this grammar, in llguidance's Lark syntax (forced tool calls)
-    grammar: str | None = None
-    # not sampling, but per request all the same: requests share cached prefix pages only
-    # when their salts are equal (vLLM's `cache_salt`); None is the salt of the unsalted
-    cache_salt: str | None = None
+    # 2 is OpenAI's cap: past it the distribution is all but uniform noise
+    temperature: float = rule(
+        "0: greedy; higher flattens the distribution", default=0.0, ge=0.0, le=2.0
+    )
+    # vLLM's meaning: -1 and 0 both turn the filter off (clients send either)
+    top_k: int = rule("keep the k likeliest tokens; -1 or 0: off", default=-1, ge=-1, le=INT32_MAX)
+    top_p: float = rule(
+        "keep the likeliest tokens whose probabilities sum to top_p", default=1.0, gt=0.0, le=1.0
+    )
+    # 0: nothing is generated; the prompt is only prefilled (and scored)
+    max_tokens: int | None = rule(
+        "most tokens to generate; None: as many as the context allows",
+        default=None,
+        ge=0,
+        le=INT64_MAX,
+    )
+    min_tokens: int = rule(
+        "end-of-sequence and stop tokens/strings are held off until then",
+        default=0,
+        ge=0,
+        le=INT32_MAX,
+    )
+    ignore_eos: bool = rule("generate past the end-of-sequence token", default=False)
+    # a seed is reduced to 64 bits; one past what a 64-bit integer holds is refused
+    seed: int | None = rule(
+        "makes sampling reproducible; None: a fresh random seed per request",
+        default=None,
+        ge=-(2**63),
+        le=2**64 - 1,
+    )
+    n: int = rule("choices sampled from one prompt, prefilled once", default=1, ge=1, le=MAX_N)
+    stop: list[str] = rule(
+        "stop strings (matched on text), as in OpenAI's API",
+        default_factory=list,
+        max_items=MAX_STOP,
+        min_length=1,
+        max_length=MAX_STOP_LEN,
+    )
+    stop_token_ids: list[int] = rule(
+        "tokens that end the output", default_factory=list, ge=0, le=INT32_MAX
+    )
+    presence_penalty: float = rule(
+        "subtracted once from tokens already generated", default=0.0, ge=-2.0, le=2.0
+    )
+    frequency_penalty: float = rule(
+        "subtracted per occurrence in the generated tokens", default=0.0, ge=-2.0, le=2.0
+    )
+    repetition_penalty: float = rule(
+        "divides (or multiplies) logits of seen tokens; 1: off", default=1.0, gt=0.0, le=2.0
+    )
+    logit_bias: dict[int, float] = rule(
+        "added to the logits of these token ids", default_factory=dict, ge=-100.0, le=100.0
+    )
+    logprobs: int | None = rule(
+        "None: none; k: the sampled token's logprob and k alternatives",
+        default=None,
+        ge=0,
+        le=MAX_LOGPROBS,
+    )
+    # computed in the prefill (completions' echo + logprobs)
+    prompt_logprobs: int | None = rule(
+        "None: none; k: each prompt token's logprob given the tokens before it (the "
+        "first has none) and k alternatives",
+        default=None,
+        ge=0,
+        le=MAX_LOGPROBS,
+    )
+    json_schema: str | None = rule(
+        "the output is one JSON value valid against this JSON schema (JSON text)", default=None
+    )
+    # forced tool calls use it
+    grammar: str | None = rule(
+        "or: the output follows this grammar, in llguidance's Lark syntax", default=None
+    )
+    # not sampling, but per request all the same (vLLM's `cache_salt`)
+    cache_salt: str | None = rule(
+        "requests share cached prefix pages only when their salts are equal; None is "
+        "the salt of the unsalted",
+        default=None,
+        min_length=1,
+        max_length=256,
+    )
 
     def __post_init__(self) -> None:
         if self.json_schema is not None or self.grammar is not None:
@@ -89,60 +159,23 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
         )
 
+    # --8<-- [start:sampling_validate]
     def validate(self) -> tuple[str, str] | None:
-        """Return (parameter, message) for a value no request may carry, else None."""
-        checks = [
-            # 0: nothing is generated; the prompt is only prefilled (and scored)
-            (self.max_tokens is None or self.max_tokens >= 0, "max_tokens", "must not be negative"),
-            (self.temperature >= 0.0, "temperature", "must be non-negative"),  # NaN fails too
-            (0.0 < self.top_p <= 1.0, "top_p", "must be in (0, 1]"),
-            (self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (off) or at least 1"),
-            (self.min_tokens >= 0, "min_tokens", "must not be negative"),
-            (
-                self.max_tokens is None or self.min_tokens <= self.max_tokens,
-                "min_tokens",
-                "must not exceed max_tokens",
-            ),
-            (1 <= self.n <= MAX_N, "n", f"must be between 1 and {MAX_N}"),
-            (
-                self.json_schema is None or self.grammar is None,
-                "grammar",
-                "give json_schema or grammar, not both",
-            ),
-            (len(self.stop) <= MAX_STOP, "stop", f"takes at most {MAX_STOP} strings"),
-            (all(self.stop), "stop", "strings must not be empty"),
-            (
-                all(len(s) <= MAX_STOP_LEN for s in self.stop),
-                "stop",
-                f"strings must be at most {MAX_STOP_LEN} characters",
-            ),
-            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
-            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
-            (
-                0.0 < self.repetition_penalty <= 2.0,
-                "repetition_penalty",
-                "must be in (0, 2]",
-            ),
-            (
-                all(-100.0 <= b <= 100.0 and math.isfinite(b) for b in self.logit_bias.values()),
-                "logit_bias",
-                "values must be in [-100, 100]",
-            ),
-            (
-                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
-                "logprobs",
-                f"must be between 0 and {MAX_LOGPROBS}",
-            ),
-            (
-                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS,
-                "prompt_logprobs",
-                f"must be between 0 and {MAX_LOGPROBS}",
-            ),
-        ]
-        for ok, param, rule in checks:
-            if not ok:
-                return param, f"{param} {rule}, got {getattr(self, param)!r}"
+        """Return (parameter, message) for a value no request may carry, else None: each
+        field's rule, then the relations between fields."""
+        for name, field_rule in SAMPLING_RULES.items():
+            if (message := field_rule.problem(name, getattr(self, name))) is not None:
+                return name, message
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            return "min_tokens", f"min_tokens must not exceed max_tokens, got {self.min_tokens!r}"
+        if self.json_schema is not None and self.grammar is not None:
+            return "grammar", "give json_schema or grammar, not both"
         return None
+
+    # --8<-- [end:sampling_validate]
+
+
+SAMPLING_RULES = rules_of(SamplingParams)
 
 
 @dataclass

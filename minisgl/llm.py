@@ -204,9 +204,17 @@ class LLM:
         params_list = _as_params_list(sampling_params, len(prompt_list))
         if self.tokenizer is None and any(p.stop for p in params_list):
             raise ValueError("stop strings need a tokenizer; this model has none")
+        # the request rules SamplingParams declares, checked (with the messages the HTTP
+        # server gives) before anything is queued: a refused prompt's result is its error
+        problems = [params.validate() for params in params_list]
         live: dict[int, tuple[int, RequestOutput]] = {}  # uid -> (prompt index, output)
         try:
             for index, (prompt, params) in enumerate(zip(prompt_list, params_list)):
+                if (problem := problems[index]) is not None:
+                    refused = RequestOutput([], [CompletionOutput(i) for i in range(params.n)])
+                    refused.error = f"{problem[0]}: {problem[1]}"
+                    yield StreamEvent(index, 0, "", refused)
+                    continue
                 uid = next(self._uids)
                 live[uid] = (
                     index,

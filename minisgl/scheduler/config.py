@@ -13,34 +13,48 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from minisgl.engine.config import EngineConfig
+from minisgl.utils.flags import option
+
+PREFIX_CACHES = ("radix", "none")
 
 
 @dataclass
 class SchedulerConfig:
-    # prompt tokens prefilled per step, over all requests; a longer prompt is prefilled in
-    # chunks. 8192 takes a typical prompt in one step while bounding a step's activations
-    # and how long running decodes wait behind a prefill
-    max_prefill_tokens: int = 8192
+    # a longer prompt is prefilled in chunks. 8192 takes a typical prompt in one step while
+    # bounding a step's activations and how long running decodes wait behind a prefill
+    max_prefill_tokens: int = option(
+        8192, "prefill token budget per step; longer prompts are prefilled in chunks", gt=0
+    )
     # schedule step N+1 (and read step N's tokens) while the device runs step N. None:
     # on where the engine runs on CUDA; on a CPU a step runs while it is launched, so
     # overlap would only hold every token back by one step
-    overlap_schedule: bool | None = None
-    # while sequences decode, prefill chunks are sized so that one step takes about this
-    # many seconds (pacing.py): on a CPU a step of max_prefill_tokens is a minute, and every
-    # stream would stop for it. None: 0.3 s on a CPU, off on CUDA; 0: off
-    prefill_step_seconds: float | None = None
+    overlap_schedule: bool | None = option(
+        None,
+        "read each step's tokens before scheduling the next (overlap is on with CUDA)",
+        name="--disable-overlap-schedule",
+        negate=True,
+    )
+    # pacing.py: on a CPU a step of max_prefill_tokens is a minute, and every stream would
+    # stop for it
+    prefill_step_seconds: float | None = option(
+        None,
+        "while sequences decode, size prefill chunks so one step takes about this long "
+        "(default: 0.3 on a CPU, off on CUDA; 0: off)",
+        ge=0,
+    )
     # "radix": requests that share a prefix share its KV pages (computed once, kept after
     # the request ends until the pages are needed); "none": every prompt from scratch
-    prefix_cache: str = "radix"
+    prefix_cache: str = option(
+        "radix",
+        "radix: requests sharing a prefix share its KV pages; none: no reuse",
+        choices=PREFIX_CACHES,
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.prefix_cache, bool):  # LLM(prefix_cache=False) reads naturally
             self.prefix_cache = "radix" if self.prefix_cache else "none"
         if self.prefix_cache not in PREFIX_CACHES:
             raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHES)}")
-
-
-PREFIX_CACHES = ("radix", "none")
 
 
 Options = dict[str, Any]

@@ -1,9 +1,11 @@
 """Scheduler: admits requests by uid, batches them continuously, and answers once per step.
 
 Contract (the message-shaped interface the server drives):
-- `process_msg(msg)` takes one incoming message. A `UserMsg` is validated first: an empty
-  prompt, one that leaves no room to generate, a bad token id or bad sampling values are
-  answered at once with a `BackendErrorMsg` for that uid, never dropped. `AbortBackendMsg`
+- `process_msg(msg)` takes one incoming message. A `UserMsg` is checked first against what
+  only the model knows: an empty prompt, one that leaves no room to generate, a token id
+  outside the vocabulary are answered at once with a `BackendErrorMsg` for that uid, never
+  dropped. The sampling values' own rules (`SamplingParams.validate`) were checked where
+  the request entered (the HTTP request model, `LLM.generate`). `AbortBackendMsg`
   removes the request (or one of its choices) wherever it is (waiting, mid-chunked-prefill,
   decoding) and frees its slots and pages; a uid the scheduler does not know is ignored (it
   may have just finished).
@@ -246,9 +248,6 @@ class Scheduler:
                 f"{max_seq_len} tokens and at least one must be left to generate; "
                 "shorten the prompt",
             )
-        if (problem := params.validate()) is not None:
-            param, message = problem
-            return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, message, param)
         for field, token_ids in (
             (None, ids),  # the prompt, whatever the endpoint calls it
             ("stop_token_ids", params.stop_token_ids),

@@ -13,6 +13,11 @@ reaches `SamplingParams`, the response format or the chat template. Extensions b
 OpenAI's API, as in vLLM and SGLang: top_k, min_tokens, ignore_eos, stop_token_ids,
 repetition_penalty, chat_template_kwargs, add_generation_prompt, continue_final_message,
 stream_options.continuous_usage_stats.
+
+The sampling parameters' rules (bounds, meaning) are declared once, on `SamplingParams`
+(minisgl/core.py): `sampling_field` turns a rule into the field's constraints and schema,
+`_SamplingFields._rules` refuses a value outside it with the message `LLM.generate` gives,
+and the relations between fields are `SamplingParams.validate`'s own.
 """
 
 from __future__ import annotations
@@ -20,20 +25,49 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from minisgl.core import MAX_LOGPROBS, MAX_N, MAX_SEQUENCES, MAX_STOP_LEN, SamplingParams
+from minisgl.core import INT32_MAX, MAX_N, MAX_SEQUENCES, SAMPLING_RULES, SamplingParams
 
 from .tools import ToolCalling, closed_schema
 
 # Integer bounds: what the wire format (msgpack, int32 token arrays) and the engine's
 # int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
-INT32_MAX = 2**31 - 1
-TokenId = Annotated[int, Field(ge=0, le=INT32_MAX)]
-Count = Annotated[int, Field(ge=1, le=2**63 - 1)]  # larger max_tokens are clamped anyway
+TokenId = Annotated[int, Field(**SAMPLING_RULES["stop_token_ids"].field_constraints())]
+_MAX_TOKENS = SAMPLING_RULES["max_tokens"].field_constraints()
+# chat must generate something (as OpenAI's API); larger max_tokens are clamped anyway
+Count = Annotated[int, Field(**{**_MAX_TOKENS, "ge": 1})]
 # completions' max_tokens may be 0: with echo that scores the prompt and generates nothing
-CompletionCount = Annotated[int, Field(ge=0, le=2**63 - 1)]
+CompletionCount = Annotated[int, Field(**_MAX_TOKENS)]
+# a request field named otherwise than the SamplingParams field whose rule it follows
+_RULE_OF = {
+    "max_completion_tokens": "max_tokens",
+    "max_output_tokens": "max_tokens",  # /v1/responses
+    "top_logprobs": "logprobs",
+}
+
+
+def sampling_field(name: str, default: Any = None, **extra: Any) -> Any:
+    """The request field for SamplingParams' `name`: its meaning and bounds as that field
+    declares them, so /openapi.json shows what is checked (`_SamplingFields._rules` checks
+    it, with the message `LLM.generate` gives)."""
+    rule = SAMPLING_RULES[_RULE_OF.get(name, name)]
+    return Field(default, description=rule.meaning, **rule.field_constraints(), **extra)
+
+
+_STOP = SAMPLING_RULES["stop"]
+StopString = Annotated[str, Field(**_STOP.field_constraints())]
+StopList = Annotated[list[StopString], Field(**_STOP.field_constraints("list"))]
+BiasValue = Annotated[float, Field(**SAMPLING_RULES["logit_bias"].field_constraints())]
 
 
 class ParamError(ValueError):
@@ -288,46 +322,72 @@ class ResponseFormat(_Strict):
         return None
 
 
+class RuleChecked(BaseModel):
+    """A request model (mixed in) whose fields named as SamplingParams' (or in `_RULE_OF`)
+    follow its rules."""
+
+    # --8<-- [start:sampling_rules]
+    # check_fields=False: the fields are those of the subclasses
+    @field_validator(*SAMPLING_RULES, *_RULE_OF, mode="before", check_fields=False)
+    @classmethod
+    def _rules(cls, value: Any, info: ValidationInfo) -> Any:
+        """Each field's rule as SamplingParams declares it, with its message, before the
+        type check (a value of the wrong type, or null, passes to that: the request field's
+        own type says whether null is allowed)."""
+        name = info.field_name
+        if value is None:
+            return value
+        if (message := SAMPLING_RULES[_RULE_OF.get(name, name)].problem(name, value)) is not None:
+            raise ParamError(name, message)
+        return value
+
+    # --8<-- [end:sampling_rules]
+
+
 # --8<-- [start:sampling_fields]
-class _SamplingFields(_Strict):
+class _SamplingFields(_Strict, RuleChecked):
     """Parameters shared by both endpoints."""
 
     model: str | None = None  # omitted: the served model (as vLLM and llama.cpp allow)
     max_tokens: Count | None = None
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=MAX_N)
-    stop: str | list[str] | None = None
-    seed: int | None = Field(default=None, ge=-(2**63), le=2**64 - 1)
+    temperature: float = sampling_field("temperature", 1.0)  # OpenAI's default
+    top_p: float = sampling_field("top_p", 1.0)
+    n: int = sampling_field("n", 1)
+    stop: StopString | StopList | None = Field(None, description=_STOP.meaning)
+    seed: int | None = sampling_field("seed")
     stream: bool = False
     stream_options: StreamOptions | None = None
     # --8<-- [end:sampling_fields]
-    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    presence_penalty: float = sampling_field("presence_penalty", 0.0)
+    frequency_penalty: float = sampling_field("frequency_penalty", 0.0)
+    logit_bias: dict[str, BiasValue] | None = None
     user: str | None = None  # an end-user id: logged with the request, changes no output
     # extensions
-    top_k: int = Field(default=-1, ge=-1, le=INT32_MAX)
-    min_tokens: int = Field(default=0, ge=0, le=INT32_MAX)
+    top_k: int = sampling_field("top_k", -1)
+    min_tokens: int = sampling_field("min_tokens", 0)
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
-    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    repetition_penalty: float = sampling_field("repetition_penalty", 1.0)
     response_format: ResponseFormat | None = None
     # vLLM's: requests share cached prefix pages only when their salts are equal
-    cache_salt: str | None = Field(default=None, min_length=1, max_length=256)
+    cache_salt: str | None = sampling_field("cache_salt")
 
     @model_validator(mode="after")
     def _check(self):
         if self.stream_options is not None and not self.stream:
             raise ParamError("stream_options", "stream_options is only allowed with stream: true")
-        stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
-        if any(len(s) > MAX_STOP_LEN for s in stops):
-            message = f"a stop string may be at most {MAX_STOP_LEN} characters"
-            raise ParamError("stop", message)
         for key in self.logit_bias or {}:
             if not (key.isascii() and key.isdigit() and int(key) <= INT32_MAX):
                 raise ParamError("logit_bias", f"logit_bias keys are token ids, got {key!r}")
+        # the relations between fields, as SamplingParams states them
+        relations = SamplingParams(max_tokens=self.requested_max_tokens, min_tokens=self.min_tokens)
+        if (problem := relations.validate()) is not None:
+            raise ParamError(*problem)
         return self
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
 
     @property
     def include_usage(self) -> bool:
@@ -405,7 +465,7 @@ class ChatCompletionRequest(_IgnoredChatFields, _SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None  # the newer name of max_tokens
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = sampling_field("top_logprobs")
     tools: list[ToolDef] | None = Field(default=None, min_length=1, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
@@ -485,8 +545,12 @@ class ChatCompletionRequest(_IgnoredChatFields, _SamplingFields):
             return None
         return [t.model_dump(exclude_none=True) for t in self.tools]
 
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
     def sampling_params(self) -> SamplingParams:
-        max_tokens = self.max_completion_tokens or self.max_tokens
+        max_tokens = self.requested_max_tokens
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
         calling = self.tool_calling()
         grammar = calling.grammar() if calling is not None else None
@@ -499,7 +563,7 @@ class ChatCompletionRequest(_IgnoredChatFields, _SamplingFields):
 class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: CompletionCount | None = 16  # OpenAI's default for completions
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = sampling_field("logprobs")
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_N)
     suffix: str | None = None  # text after the completion (insertion): only null

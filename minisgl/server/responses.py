@@ -28,9 +28,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from minisgl.core import MAX_LOGPROBS
-
-from .protocol import ChatCompletionRequest, Count, FunctionName, ParamError
+from .protocol import (
+    ChatCompletionRequest,
+    Count,
+    FunctionName,
+    ParamError,
+    RuleChecked,
+    sampling_field,
+)
 
 STATELESS = (
     "this server keeps no responses (store is ignored): send the whole conversation in "
@@ -275,13 +280,13 @@ class StreamOptions(_Strict):
 
 
 # ---------------------------------------------------------------- the request
-class ResponsesRequest(_Strict):
+class ResponsesRequest(_Strict, RuleChecked):
     model: str | None = None
     input: str | list[Any]
     instructions: str | None = None
     max_output_tokens: Count | None = None
-    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
-    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    temperature: float | None = sampling_field("temperature")
+    top_p: float | None = sampling_field("top_p")
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     tools: list[FunctionTool] | None = Field(default=None, max_length=128)
@@ -301,7 +306,7 @@ class ResponsesRequest(_Strict):
     safety_identifier: str | None = None
     max_tool_calls: Annotated[int, Field(ge=1)] | None = None  # built-in tools: there are none
     background: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    top_logprobs: int | None = sampling_field("top_logprobs")
     # state this server does not keep: only null
     previous_response_id: str | None = None
     conversation: str | dict[str, Any] | None = None

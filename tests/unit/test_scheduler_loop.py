@@ -149,8 +149,11 @@ def test_an_over_long_prompt_mid_batch_errors_alone_and_the_others_complete(sche
 
 
 def test_the_error_reply_goes_out_with_the_first_step_not_after_the_batch(sched) -> None:
+    # a token id past the vocabulary: what the scheduler itself refuses (the sampling
+    # values' own rules are checked before a request reaches it)
+    bad = UserMsg.make(2, [5, 10**6], SamplingParams())
     script = [
-        WhenIdle([_user(1, 5, max_tokens=10, ignore_eos=True), _user(2, 5, max_tokens=-1)]),
+        WhenIdle([_user(1, 5, max_tokens=10, ignore_eos=True), bad]),
         WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)
