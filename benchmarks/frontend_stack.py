@@ -14,6 +14,7 @@ the one request body every stream sends, to ours and to bare alike.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -155,16 +156,14 @@ def serve_ours(port: int, channels, loop: str, http: str, cpus, profile_out: str
 
     from minisgl.server.api_server import create_app
     from minisgl.server.args import ServerArgs
-    from minisgl.server.frontend import FrontendManager
     from minisgl.server.launch import connect_frontend
+    from minisgl.server.metrics import ServerMetrics
 
     pin(cpus)
     logging.getLogger("asyncio").setLevel(logging.ERROR)  # as for bare
     args = ServerArgs(port=port, log_level="warning")
 
-    def connect(metrics) -> FrontendManager:
-        return connect_frontend(channels, args, metrics)
-
+    frontend = connect_frontend(channels, args, ServerMetrics())
     if profile_out:
         import cProfile
 
@@ -178,7 +177,7 @@ def serve_ours(port: int, channels, loop: str, http: str, cpus, profile_out: str
             prof.dump_stats(profile_out)
 
         signal.signal(signal.SIGUSR2, stop)
-    app = create_app(args, MODEL_NAME, connect)
+    app = create_app(args, MODEL_NAME, frontend)
     uvicorn.Server(uvicorn_config(app, port, loop, http)).run()
 
 
@@ -204,54 +203,58 @@ def standin_scheduler(channels, token_id: int, step_s, emitted, ready, cpus) -> 
         TokenizerMsg,
         UserMsg,
     )
-    from minisgl.utils.process import parent_alive
+    from minisgl.utils.worker import ParentWatch, Serving, run_worker
     from minisgl.utils.zmq import PullQueue, PushQueue
 
     pin(cpus)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    inbox = PullQueue(channels.scheduler, BackendMsg)
-    outbox = PushQueue(channels.tokenizer, TokenizerMsg)
-    parent = os.getppid()
-    left: dict[int, int] = {}  # uid -> tokens still to emit
-    ready.send(("ready", {}))
-    next_step = time.perf_counter()
-    while True:
-        msgs = inbox.get(timeout_ms=0 if left else 500)
-        replies = []
-        for msg in msgs:
-            if isinstance(msg, UserMsg):
-                left[msg.uid] = msg.sampling_params.max_tokens or 16
-            elif isinstance(msg, AbortBackendMsg):
-                left.pop(msg.uid, None)
-            elif isinstance(msg, StateQueryMsg):
-                n = len(left)
-                state = {
-                    "pending": 0,
-                    "running": n,
-                    "table_slots_used": n,
-                    "kv_pages_used": 0,
-                    "kv_pages_total": 0,
-                }
-                replies.append(SchedulerStateMsg(msg.query_id, state))
-            elif isinstance(msg, ExitMsg):
+
+    def serve(inbox, outbox, parent: ParentWatch) -> None:
+        left: dict[int, int] = {}  # uid -> tokens still to emit
+        next_step = time.perf_counter()
+        while True:
+            msgs = inbox.get(timeout_ms=0 if left else 500)
+            replies = []
+            for msg in msgs:
+                if isinstance(msg, UserMsg):
+                    left[msg.uid] = msg.sampling_params.max_tokens or 16
+                elif isinstance(msg, AbortBackendMsg):
+                    left.pop(msg.uid, None)
+                elif isinstance(msg, StateQueryMsg):
+                    n = len(left)
+                    state = {
+                        "pending": 0,
+                        "running": n,
+                        "table_slots_used": n,
+                        "kv_pages_used": 0,
+                        "kv_pages_total": 0,
+                    }
+                    replies.append(SchedulerStateMsg(msg.query_id, state))
+                elif isinstance(msg, ExitMsg):
+                    return
+            step = step_s.value
+            if left and step > 0:
+                now = time.perf_counter()
+                if now < next_step:
+                    time.sleep(next_step - now)
+                # catch up after a late wake-up, but keep steps at least half a step apart
+                next_step = max(next_step + step, time.perf_counter() + step / 2)
+            for uid in list(left):
+                left[uid] -= 1
+                done = left[uid] == 0
+                replies.append(DetokenizeMsg(uid, token_id, "length" if done else None))
+                if done:
+                    del left[uid]
+            emitted.value += len(replies)
+            outbox.put(replies)
+            if not msgs and not left and not parent.alive():
                 return
-        step = step_s.value
-        if left and step > 0:
-            now = time.perf_counter()
-            if now < next_step:
-                time.sleep(next_step - now)
-            # catch up after a late wake-up, but keep steps at least half a step apart
-            next_step = max(next_step + step, time.perf_counter() + step / 2)
-        for uid in list(left):
-            left[uid] -= 1
-            done = left[uid] == 0
-            replies.append(DetokenizeMsg(uid, token_id, "length" if done else None))
-            if done:
-                del left[uid]
-        emitted.value += len(replies)
-        outbox.put(replies)
-        if not msgs and not left and not parent_alive(parent):
-            return
+
+    def build(parent: ParentWatch) -> Serving:
+        inbox = PullQueue(channels.scheduler, BackendMsg)
+        outbox = PushQueue(channels.tokenizer, TokenizerMsg)
+        return Serving(functools.partial(serve, inbox, outbox, parent))
+
+    run_worker("standin", "stand-in scheduler", "warning", build, ready)
 
 
 # ============================================================================ client

@@ -15,12 +15,11 @@ thread), so an aborted run leaves no rank blocked in a collective behind it.
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
-import os
-import threading
-import time
 
-from minisgl.utils.process import free_port, parent_alive
+from minisgl.utils.process import free_port
+from minisgl.utils.worker import ParentWatch, Serving, run_worker
 
 
 def start_ranks(engine_config, scheduler_config) -> list[mp.process.BaseProcess]:
@@ -63,19 +62,6 @@ def stop_ranks(scheduler, procs: list, failed: bool = False) -> None:
     destroy_tp()
 
 
-def _exit_with_parent() -> None:
-    """Watch the parent from a thread: a rank blocked in a collective notices nothing."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if not parent_alive(parent):
-                os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
-
-
 def _join(engine_config, scheduler_config, rank: int, init_method: str):
     """Join the ranks' process group and build this rank's engine and scheduler."""
     from minisgl.distributed import init_tp
@@ -105,30 +91,30 @@ def _follow(scheduler) -> None:
 
 def rank_main(engine_config, scheduler_config, rank: int, init_method: str) -> None:
     """An offline `LLM`'s rank `rank` (not 0)."""
-    _exit_with_parent()
+    ParentWatch().exit_with_parent()
     _follow(_join(engine_config, scheduler_config, rank, init_method))
 
 
 def rank_worker(args, model_dir, rank: int, ready, heartbeat=None) -> None:
     """The server's process for tensor-parallel rank `rank` (not 0): report readiness (or
-    why it could not start) to the launcher, then follow rank 0."""
+    why it could not start) to the launcher, then follow rank 0 (utils/worker.py)."""
     import dataclasses
-    import logging
 
-    from minisgl.scheduler.io import share_cpu_cores
-    from minisgl.utils.heartbeat import start_beating
-    from minisgl.utils.process import configure_worker_logging
+    def build(parent: ParentWatch) -> Serving:
+        from minisgl.scheduler.io import share_cpu_cores
 
-    configure_worker_logging(f"rank-{rank}", args.log_level)
-    start_beating(heartbeat)
-    _exit_with_parent()
-    config = dataclasses.replace(args.engine_config, model=str(model_dir))
-    try:
+        config = dataclasses.replace(args.engine_config, model=str(model_dir))
         share_cpu_cores(config.device)  # as the scheduler (rank 0) does
         scheduler = _join(config, args.scheduler_config, rank, args.dist_init_method)
-    except Exception as exc:
-        logging.getLogger(__name__).exception("rank %d failed to start", rank)
-        ready.send(("error", f"rank {rank} failed to start: {exc}"))
-        raise SystemExit(1) from exc
-    ready.send(("ready", {"rank": rank}))
-    _follow(scheduler)
+        return Serving(functools.partial(_follow, scheduler), {"rank": rank})
+
+    # a rank blocked in a collective notices nothing: a watchdog thread exits with the parent
+    run_worker(
+        f"rank-{rank}",
+        f"rank {rank}",
+        args.log_level,
+        build,
+        ready,
+        heartbeat,
+        exit_with_parent=True,
+    )

@@ -2,8 +2,9 @@
 
 Contract: `ZmqSchedulerIO` is the process's implementation of the scheduler's I/O seam
 (`receive`, `send`); tests drive the same `Scheduler` with in-memory I/O instead.
-`scheduler_worker` builds the engine, reports readiness (or why it could not start) to the
-launcher, and runs the loop until told to exit or until its parent process disappears.
+`scheduler_worker` builds the engine and runs the loop, until told to exit or until its
+parent process disappears, under the worker harness (utils/worker.py: readiness, or why it
+could not start, reported to the launcher).
 With tensor parallelism it is rank 0: it joins the ranks' process group first, and its
 scheduler's calls are mirrored to the other ranks (minisgl/distributed_worker.py). A rank
 that dies or stops makes a collective fail within --dist-timeout seconds: every request in
@@ -14,13 +15,13 @@ launcher stops the server, whose ranks can no longer compute together.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from multiprocessing.connection import Connection
 
 from minisgl.message import BackendMsg, TokenizerMsg
-from minisgl.utils.heartbeat import start_beating
-from minisgl.utils.process import configure_worker_logging, parent_alive
+from minisgl.utils.worker import ParentWatch, Serving, run_worker
 from minisgl.utils.zmq import PullQueue, PushQueue
 
 logger = logging.getLogger(__name__)
@@ -43,8 +44,8 @@ def share_cpu_cores(device: str) -> None:
 
 
 class ZmqSchedulerIO:
-    def __init__(self, inbox: PullQueue, outbox: PushQueue, parent_pid: int) -> None:
-        self.inbox, self.outbox, self.parent_pid = inbox, outbox, parent_pid
+    def __init__(self, inbox: PullQueue, outbox: PushQueue, parent: ParentWatch) -> None:
+        self.inbox, self.outbox, self.parent = inbox, outbox, parent
 
     def receive(self, blocking: bool) -> list[BackendMsg]:
         if not blocking:
@@ -53,7 +54,7 @@ class ZmqSchedulerIO:
             msgs = self.inbox.get(timeout_ms=500)
             if msgs:
                 return msgs
-            if not parent_alive(self.parent_pid):
+            if not self.parent.alive():
                 raise ParentGone
 
     def send(self, replies: list[TokenizerMsg]) -> None:
@@ -66,19 +67,14 @@ class ZmqSchedulerIO:
 
 
 def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=None) -> None:
-    """Process entry point."""
-    import torch
+    """Process entry point (the start-up protocol: utils/worker.py)."""
 
-    from minisgl.distributed import RanksFailed
-    from minisgl.engine.engine import Engine
-    from minisgl.message import ErrorInfo, ErrorKind
+    def build(parent: ParentWatch) -> Serving:
+        from minisgl.engine.engine import Engine
 
-    from .scheduler import Scheduler
-    from .timeline import SchedulerTimeline
+        from .scheduler import Scheduler
+        from .timeline import SchedulerTimeline
 
-    configure_worker_logging("scheduler", args.log_level)
-    start_beating(heartbeat)
-    try:
         share_cpu_cores(args.engine_config.device)
         config = dataclasses.replace(args.engine_config, model=str(model_dir))
         if config.tp_size > 1:  # rank 0 of the tensor-parallel ranks: it decides for all
@@ -93,22 +89,24 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
         io = ZmqSchedulerIO(
             PullQueue(channels.scheduler, BackendMsg),
             PushQueue(channels.tokenizer, TokenizerMsg),
-            os.getppid(),
+            parent,
         )
-    except Exception as exc:
-        logger.exception("scheduler failed to start")
-        ready.send(("error", f"scheduler failed to start: {exc}"))
-        raise SystemExit(1) from exc
-    ready.send(
-        (
-            "ready",
-            {
-                "max_seq_len": engine.max_seq_len,
-                "kv_pages_total": engine.num_pages,
-                "degraded": engine.degraded,  # the parts the self-check fell back from
-            },
-        )
-    )
+        info = {
+            "max_seq_len": engine.max_seq_len,
+            "kv_pages_total": engine.num_pages,
+            "degraded": engine.degraded,  # the parts the self-check fell back from
+        }
+        return Serving(functools.partial(_serve, scheduler, io, config.dist_timeout), info)
+
+    run_worker("scheduler", "scheduler", args.log_level, build, ready, heartbeat)
+
+
+def _serve(scheduler, io: ZmqSchedulerIO, dist_timeout: float) -> None:
+    import torch
+
+    from minisgl.distributed import RanksFailed
+    from minisgl.message import ErrorInfo, ErrorKind
+
     try:
         with torch.inference_mode():
             scheduler.run_forever(io)
@@ -116,7 +114,7 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
         logger.warning("the launcher is gone: scheduler exits")
     except RanksFailed as exc:  # a rank died or stopped mid-step: the ranks are out of step
         message = (
-            f"a tensor-parallel rank did not answer within {config.dist_timeout:g} s "
+            f"a tensor-parallel rank did not answer within {dist_timeout:g} s "
             f"(--dist-timeout): {exc}"
         )
         logger.error("%s; the scheduler stops", message)

@@ -29,12 +29,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import HTMLResponse, Response
 
 from minisgl.core import SamplingParams
-from minisgl.message import ErrorKind, TokenizeMsg, pack_ids
+from minisgl.message import TokenizeMsg, pack_ids
 
 from .args import ServerArgs
 from .errors import HttpError, RequestFailed, to_http, unavailable
 from .formats import ChatFormat, CompletionFormat
 from .frontend import FrontendManager
+from .health import decide_health
 from .metrics import ServerMetrics
 from .middleware import (
     ApiKeyMiddleware,
@@ -103,31 +104,27 @@ logging.getLogger("uvicorn.error").addFilter(_quiet_incomplete_response)
 def create_app(
     args: ServerArgs,
     model_name: str,
-    connect: Callable[[ServerMetrics], FrontendManager],
-    on_start: Callable[[FrontendManager], None] | None = None,
+    frontend: FrontendManager,
     max_model_len: int | None = None,
     degraded: dict[str, str] | None = None,
 ) -> FastAPI:
-    """`connect` builds the FrontendManager inside the server's event loop; `on_start`
-    lets the launcher watch its worker processes; `max_model_len` (the context length the
-    scheduler serves) goes on the model card; `degraded` names each part of the CUDA fast
-    path the engine's start-up self-check fell back from, with the reason."""
-    metrics = ServerMetrics()
-    metrics.set_fallbacks(degraded or {})
+    """The routes over `frontend` (built beforehand, by the launcher or a test); its
+    listener and stall sweeper run while the app does. `max_model_len` (the context length
+    the scheduler serves) goes on the model card; `degraded` names each part of the CUDA
+    fast path the engine's start-up self-check fell back from, with the reason."""
+    metrics = frontend.metrics or ServerMetrics()  # a test's frontend may count nothing
+    degraded = degraded or {}
+    metrics.set_fallbacks(degraded)
     created = int(time.time())  # the model card's: when this server started serving it
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        frontend = connect(metrics)
-        app.state.frontend = frontend
         tasks = [
             asyncio.create_task(frontend.listen()),
             asyncio.create_task(frontend.sweep_stalls(args.client_stall_timeout)),
         ]
         for task in tasks:
             task.add_done_callback(lambda t: _on_background_exit(t, frontend))
-        if on_start is not None:
-            on_start(frontend)
         try:
             yield
         finally:
@@ -156,9 +153,6 @@ def create_app(
         metrics.on_rejected(code or str(exc.status_code))
         return HttpError(exc.status_code, str(exc.detail), code=code).response()
 
-    def frontend() -> FrontendManager:
-        return app.state.frontend
-
     def unknown_model(model: str | None) -> Response | None:
         if model is None or model == model_name:  # None: omitted, the served one
             return None
@@ -178,7 +172,7 @@ def create_app(
     def respond(req: ChatCompletionRequest | CompletionRequest, job: Job):
         if req.user is not None:
             logger.info("request %s: user %r", request_id_var.get(), req.user)
-        return (StreamResponse if req.stream else FullResponse)(frontend(), job)
+        return (StreamResponse if req.stream else FullResponse)(frontend, job)
 
     # --8<-- [end:respond]
 
@@ -239,7 +233,7 @@ def create_app(
         if (refusal := unknown_model(req.model)) is not None:
             return refusal
         params = salted(req.sampling_params())
-        limit = frontend().max_concurrent
+        limit = frontend.max_concurrent
         if len(req.prompts()) > limit:  # it could never be admitted: retrying cannot help
             message = (
                 f"this request has {len(req.prompts())} prompts, more than the {limit} requests "
@@ -278,22 +272,15 @@ def create_app(
 
     @app.get("/health")
     async def health():
-        try:  # what would refuse a request now: dead, draining, or frozen workers
-            frontend().check_admission()
-        except RequestFailed as refused:
-            if refused.error.kind is not ErrorKind.OVERLOADED:  # busy is still healthy
-                return to_http(refused.error).response()
-        if degraded:  # serving, on a slower path: what the engine fell back from, and why
-            return {"status": "ok", "degraded": degraded}
-        return {"status": "ok"}
+        return decide_health(frontend, degraded).response()
 
     @app.get("/metrics")
     async def prometheus_metrics():
         try:
-            lifecycle = await frontend().lifecycle(timeout=5.0)
+            lifecycle = await frontend.lifecycle(timeout=5.0)
         except (RequestFailed, asyncio.TimeoutError):
             lifecycle = None  # the workers' gauges keep their last values
-        body = metrics.render(len(frontend().states), lifecycle)
+        body = metrics.render(len(frontend.states), lifecycle)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/debug/requests")
@@ -306,7 +293,7 @@ def create_app(
         most `limit` of each, only those ended after the `since`-th end (`seq`), or only
         one request id's. The body is built from at most `limit` timelines, whatever the
         history holds, so a page polling it never stalls the server."""
-        return frontend().debug_requests(limit=limit, since=since, request_id=request_id)
+        return frontend.debug_requests(limit=limit, since=since, request_id=request_id)
 
     @app.get("/debug", response_class=HTMLResponse)
     async def debug_page():
@@ -316,7 +303,7 @@ def create_app(
     @app.get("/debug/lifecycle")
     async def debug_lifecycle():
         try:
-            return await frontend().lifecycle()
+            return await frontend.lifecycle()
         except RequestFailed as failed:
             return to_http(failed.error).response()
         except asyncio.TimeoutError:
@@ -327,10 +314,10 @@ def create_app(
     async def debug_flush_cache():
         """Empty the prefix cache (admin). 409 while any request is in flight."""
         busy = HttpError(409, "requests are in flight: flush the cache when idle", code="busy")
-        if frontend().states:
+        if frontend.states:
             return busy.response()
         try:
-            state = await frontend().lifecycle(flush_cache=True)
+            state = await frontend.lifecycle(flush_cache=True)
         except RequestFailed as failed:
             return to_http(failed.error).response()
         except asyncio.TimeoutError:

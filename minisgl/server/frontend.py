@@ -45,10 +45,9 @@ from minisgl.message import (
     TokenizerMsg,
     UserReply,
 )
-from minisgl.utils.heartbeat import silent_for
 
 from .buffer import Output, ReplyBuffer
-from .errors import RequestFailed, error_code, unavailable
+from .errors import RequestFailed, error_code
 from .metrics import Outcome, ServerMetrics
 from .middleware import arrival_var, request_id_var
 from .timelines import Timelines
@@ -109,7 +108,7 @@ class FrontendManager:
         max_concurrent: int = 1 << 30,
         metrics: ServerMetrics | None = None,
         timelines: Timelines | None = None,
-        heartbeat_timeout: float = 5.0,
+        worker_fault: Callable[[], ErrorInfo | None] | None = None,
     ) -> None:
         self._send = send
         self._recv = recv
@@ -119,9 +118,8 @@ class FrontendManager:
         self.max_concurrent = max_concurrent
         self.metrics = metrics
         self.timelines = timelines
-        # worker name -> its heartbeat (utils/heartbeat.py), set by the launcher
-        self.heartbeats: dict[str, object] = {}
-        self.heartbeat_timeout = heartbeat_timeout
+        # why a worker process cannot serve now (the supervisor's heartbeats), or None
+        self.worker_fault = worker_fault or (lambda: None)
         self.draining = False  # set on SIGTERM: finish what runs, take nothing new
         self.uid_counter = itertools.count()
         self.states: dict[int, RequestState] = {}
@@ -138,32 +136,25 @@ class FrontendManager:
         self.states[state.uid] = state
         return state
 
+    def refusal(self) -> ErrorInfo | None:
+        """Why no request can be served now, whatever the load: a dead worker (`fail_all`),
+        draining, or a worker that does not answer; None when serving."""
+        if self.backend_error is not None:
+            return self.backend_error
+        if self.draining:
+            return ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down")
+        return self.worker_fault()  # a request would only hang behind a silent worker
+
     def check_admission(self) -> None:
         """Raise RequestFailed unless a new request may start now."""
-        if self.backend_error is not None:
-            raise RequestFailed(self.backend_error)
-        if self.draining:
-            raise RequestFailed(ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
-        if (silent := self.silent_worker()) is not None:  # it would only hang there
-            raise RequestFailed(silent)
+        if (refused := self.refusal()) is not None:
+            raise RequestFailed(refused)
         if len(self.states) >= self.max_concurrent:
             message = (
                 f"the server is at its limit of {self.max_concurrent} requests in flight; "
                 "retry shortly"
             )
             raise RequestFailed(ErrorInfo(ErrorKind.OVERLOADED, message))
-
-    def silent_worker(self) -> ErrorInfo | None:
-        """A worker process that has missed its heartbeat for too long (/health's 503)."""
-        now = time.monotonic()
-        for name, beat in self.heartbeats.items():
-            silent = silent_for(beat, now)
-            if silent > self.heartbeat_timeout:
-                return unavailable(
-                    f"the {name} process has not answered for {silent:.1f} s "
-                    f"(stopped or hung); requests may not be served"
-                )
-        return None
 
     def send_one(self, msg: TokenizerMsg) -> None:
         self._send([msg])

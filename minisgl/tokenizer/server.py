@@ -61,6 +61,7 @@ from minisgl.message import (
     UserReply,
     unpack_ids,
 )
+from minisgl.utils.worker import ParentWatch, Serving, run_worker
 
 from .detokenize import DetokenizeManager
 from .tokenize import (
@@ -565,17 +566,15 @@ class TokenizerWorker:
 
 
 def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbeat=None) -> None:
-    """Process entry point: serve until the parent process goes away."""
-    from minisgl.grammar import TokenTable
-    from minisgl.grammar.pool import GrammarCompiler
-    from minisgl.models.config import ModelConfig
-    from minisgl.utils.heartbeat import start_beating
-    from minisgl.utils.process import configure_worker_logging, parent_alive
-    from minisgl.utils.zmq import PullQueue, PushQueue
+    """Process entry point: serve until the parent process goes away (the start-up
+    protocol: utils/worker.py)."""
 
-    configure_worker_logging("tokenizer", args.log_level)
-    start_beating(heartbeat)
-    try:
+    def build(parent: ParentWatch) -> Serving:
+        from minisgl.grammar import TokenTable
+        from minisgl.grammar.pool import GrammarCompiler
+        from minisgl.models.config import ModelConfig
+        from minisgl.utils.zmq import PullQueue, PushQueue
+
         tokenizer = load_tokenizer(model_dir, args.chat_template)
         if tokenizer is None:
             raise RuntimeError(f"{model_dir} has no tokenizer: the server needs one")
@@ -600,16 +599,17 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
             max_seq_len=context,
             escape_special=args.escape_special_tokens,
         )
-    except Exception as exc:
-        ready.send(("error", f"tokenizer worker failed to start: {exc}"))
-        raise SystemExit(1) from exc
-    ready.send(("ready", {}))
-    parent = os.getppid()
-    try:
-        while True:
-            msgs = inbox.get(timeout_ms=worker.wait_ms(500), wake_on=worker.fds())
-            worker.handle(msgs)  # with nothing received, it collects compiled grammars
-            if not msgs and not parent_alive(parent):
-                return
-    finally:
-        compiler.close()
+
+        def serve() -> None:
+            try:
+                while True:
+                    msgs = inbox.get(timeout_ms=worker.wait_ms(500), wake_on=worker.fds())
+                    worker.handle(msgs)  # with nothing received, it collects compiled grammars
+                    if not msgs and not parent.alive():
+                        return
+            finally:
+                compiler.close()
+
+        return Serving(serve)
+
+    run_worker("tokenizer", "tokenizer worker", args.log_level, build, ready, heartbeat)

@@ -1,5 +1,5 @@
-"""Process and machine helpers: worker logging set-up, noticing an orphaned worker, how
-much memory the machine has available, and a free local port."""
+"""Process and machine helpers: worker logging set-up, how much memory the machine has
+available, and a free local port."""
 
 from __future__ import annotations
 
@@ -23,11 +23,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def parent_alive(parent_pid: int) -> bool:
-    """A worker whose launcher died (even by SIGKILL) is re-parented: then it must exit."""
-    return os.getppid() == parent_pid
 
 
 def available_ram() -> int:

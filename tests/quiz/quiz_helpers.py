@@ -24,7 +24,7 @@ MODEL = "quiz-model"
 
 
 def app_for(frontend: FrontendManager, model: str = MODEL):
-    return create_app(ServerArgs(), model, connect=lambda metrics: frontend)
+    return create_app(ServerArgs(), model, frontend)
 
 
 @asynccontextmanager

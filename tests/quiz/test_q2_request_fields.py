@@ -118,7 +118,6 @@ def parse(**fields) -> ChatCompletionRequest:
 def chat_route(model: str) -> tuple[FastAPI, APIRoute]:
     frontend, _ = make_frontend()
     app = app_for(frontend, model)
-    app.state.frontend = frontend  # what the lifespan does; the route only builds a response
     (route,) = [
         r for r in app.routes if isinstance(r, APIRoute) and r.path == "/v1/chat/completions"
     ]

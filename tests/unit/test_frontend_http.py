@@ -44,7 +44,7 @@ class _Server(uvicorn.Server):
 async def serving(
     frontend: FrontendManager, args: ServerArgs | None = None, **app_options
 ) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(args or ServerArgs(), MODEL, connect=lambda metrics: frontend, **app_options)
+    app = create_app(args or ServerArgs(), MODEL, frontend, **app_options)
     config = uvicorn.Config(
         app, host="127.0.0.1", port=0, lifespan="on", log_config=None, timeout_graceful_shutdown=1
     )
