@@ -36,8 +36,8 @@ from collections import OrderedDict
 import torch
 
 from minisgl.core import Req
-from minisgl.engine.staging import Staging
 from minisgl.kvcache import PageAllocator
+from minisgl.utils.staging import Staging
 
 from .radix import RadixCache
 
