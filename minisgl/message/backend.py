@@ -10,8 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from minisgl.core import SamplingParams
-
-from .codec import pack_ids, unpack_ids
+from minisgl.utils.codec import pack_ids, unpack_ids
 
 
 class UserMsg(msgspec.Struct, tag=True):
