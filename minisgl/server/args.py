@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.scheduler.config import PREFIX_CACHES, SchedulerConfig, split_options
-from minisgl.tokenizer.tokenize import REASONING_STARTS_OPEN
+from minisgl.templates import REASONING_STARTS_OPEN
 
 
 @dataclass
@@ -87,7 +87,7 @@ class ServerArgs:
     # only the metrics' share of them); 256 covers minutes of a busy laptop's traffic
     debug_history: int = 256
     # read a reasoning model's `<think>` block out of chat answers as reasoning_content
-    # (qwen3 or deepseek-r1: tokenizer/tokenize.py's REASONING_STARTS_OPEN); None: none
+    # (qwen3 or deepseek-r1: minisgl/templates' REASONING_STARTS_OPEN); None: none
     reasoning_parser: str | None = None
     shell: bool = False  # interactive chat in the terminal instead of an HTTP server
     prompt: str | None = None  # offline one-shot generation instead of a server
@@ -345,7 +345,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     if not 0 <= ns.node_rank < ns.nnodes:
         build_parser().error("--node-rank must be in [0, --nnodes)")
     if ns.chat_template is not None:
-        from minisgl.tokenizer.tokenize import chat_template_text
+        from minisgl.templates import chat_template_text
 
         try:
             chat_template_text(ns.chat_template)

@@ -18,7 +18,7 @@ from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.protocol import ParamError
 from minisgl.server.responses import ResponsesRequest, chat_messages
 from minisgl.server.responses_format import ResponsesFormat
-from minisgl.tokenizer.tokenize import TOOL_CALL_END, TOOL_CALL_START
+from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 WEATHER = {

@@ -22,12 +22,8 @@ from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.formats import ChatFormat
 from minisgl.server.protocol import ChatCompletionRequest
 from minisgl.server.tools import MAX_PARALLEL_CALLS, ToolCalling, ToolCallParser, closed_schema
-from minisgl.tokenizer.tokenize import (
-    ToolsUnsupported,
-    build_prompt_ids,
-    chat_template_text,
-    load_tokenizer,
-)
+from minisgl.templates import chat_template_text
+from minisgl.tokenizer.tokenize import ToolsUnsupported, build_prompt_ids, load_tokenizer
 
 WEATHER = {
     "type": "object",
