@@ -7,6 +7,10 @@ sent it), and the prompt comes back; the unanswered question is dropped from the
 `/reset` clears the history, `/lifecycle` prints every component's live per-request state,
 `/exit` or Ctrl-D quits. Ctrl-C at the prompt discards the line.
 
+`launch_shell(args)` starts the workers as the server does (server/launch.py's
+`running_workers`), runs the shell over them and stops them; a worker that dies ends the
+shell with exit status 1 and a line naming it.
+
 Input is read with the event loop's reader on stdin rather than a blocking input() in a
 thread, so that Ctrl-C can reach whichever of "the prompt" or "the answer" is active.
 """
@@ -15,16 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
 from contextlib import aclosing
+from multiprocessing.process import BaseProcess
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
+from minisgl.utils.zmq import IpcChannels
 
+from .server.args import ServerArgs
 from .server.errors import RequestFailed
 from .server.frontend import FrontendManager
+from .server.launch import WorkerStartError, connect_frontend, running_workers
+
+logger = logging.getLogger(__name__)
 
 PROMPT = ">>> "
 HELP = "Type a message. /reset clears the history, /lifecycle shows live state, /exit quits."
@@ -130,3 +141,29 @@ async def run_shell(frontend: FrontendManager, max_tokens: int | None) -> int:
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         listener.cancel()
+
+
+def launch_shell(args: ServerArgs) -> int:
+    async def main(channels: IpcChannels, procs: dict[str, BaseProcess]) -> int:
+        loop = asyncio.get_running_loop()
+        shell = loop.create_task(run_shell(connect_frontend(channels, args), args.max_tokens))
+
+        def on_exit(name: str, proc: BaseProcess) -> None:
+            loop.remove_reader(proc.sentinel)
+            proc.join(timeout=1.0)
+            print(f"\nthe {name} process died (exit code {proc.exitcode})", file=sys.stderr)
+            shell.cancel()
+
+        for name, proc in procs.items():
+            loop.add_reader(proc.sentinel, on_exit, name, proc)
+        try:
+            return await shell
+        except asyncio.CancelledError:
+            return 1
+
+    try:
+        with running_workers(args) as (channels, procs):
+            return asyncio.run(main(channels, procs))
+    except WorkerStartError as exc:
+        logger.error("%s", exc)
+        return 1

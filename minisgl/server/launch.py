@@ -25,7 +25,6 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection, wait
@@ -363,34 +362,6 @@ def launch_server(args: ServerArgs) -> int:
             )
             server.run()
             return supervisor.exit_code
-    except WorkerStartError as exc:
-        logger.error("%s", exc)
-        return 1
-
-
-def launch_shell(args: ServerArgs) -> int:
-    from minisgl.shell import run_shell
-
-    async def main(channels: IpcChannels, procs: dict[str, BaseProcess]) -> int:
-        loop = asyncio.get_running_loop()
-        shell = loop.create_task(run_shell(connect_frontend(channels, args), args.max_tokens))
-
-        def on_exit(name: str, proc: BaseProcess) -> None:
-            loop.remove_reader(proc.sentinel)
-            proc.join(timeout=1.0)
-            print(f"\nthe {name} process died (exit code {proc.exitcode})", file=sys.stderr)
-            shell.cancel()
-
-        for name, proc in procs.items():
-            loop.add_reader(proc.sentinel, on_exit, name, proc)
-        try:
-            return await shell
-        except asyncio.CancelledError:
-            return 1
-
-    try:
-        with running_workers(args) as (channels, procs):
-            return asyncio.run(main(channels, procs))
     except WorkerStartError as exc:
         logger.error("%s", exc)
         return 1
