@@ -4,6 +4,8 @@
   the tokenizer worker), and small asyncio helpers for driving it.
 - `server`: `RunningServer`, the real three-process server (`python -m minisgl`) on a free
   port, with /debug/lifecycle at hand.
+- `sse`: the one reader of server-sent events (`sse_payloads`, `sse_chunks`,
+  `iter_payloads`, ...), strict about the framing minisgl sends.
 
 They live in the package, not beside the tests, so that every reader imports them the same
 way (`from minisgl.testing import FakeBackend`) without editing `sys.path`. Importing this
