@@ -580,9 +580,9 @@ class Scheduler:
         if not any(r.pages for r in self.prefill_manager.pending):
             return  # nothing to take back (the common case)
         needed = sum(
-            cache.pages_needed(r, r.cached_len + 1)
-            for r in self.decode_manager.running.values()
-            if r.seq_len < r.max_len
+            cache.next_token_pages(
+                r for r in self.decode_manager.running.values() if r.seq_len < r.max_len
+            )
         )
         for req in reversed(self.prefill_manager.pending):
             if needed <= cache.available:
