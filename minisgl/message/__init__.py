@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from minisgl.utils.codec import Codec, pack_ids, unpack_ids
 
-from .backend import AbortBackendMsg, BackendMsg, ExitMsg, StateQueryMsg, UserMsg
+from .backend import AbortBackendMsg, BackendMsg, StateQueryMsg, UserMsg
 from .errors import ErrorInfo, ErrorKind
 from .frontend import FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
 from .timeline import END_EVENTS, TimelineEvent, TimelineMsg
@@ -38,7 +38,6 @@ __all__ = [
     "DetokenizeMsg",
     "ErrorInfo",
     "ErrorKind",
-    "ExitMsg",
     "FrontendMsg",
     "LifecycleQueryMsg",
     "LifecycleStateMsg",
