@@ -101,6 +101,7 @@ class FakeScheduler:
             "table_slots_used": n,
             "kv_pages_used": 0,
             "kv_pages_total": 0,
+            "grammar_matchers": 0,
         }
 
     def step(self, token_id: int) -> int:

@@ -12,6 +12,7 @@ from minisgl.message import (
     UserMsg,
 )
 from minisgl.testing.fakes import FakeScheduler
+from minisgl.testing.server import ZERO_FRONTEND, ZERO_TOKENIZER, is_zero
 
 P = SamplingParams()
 
@@ -36,6 +37,14 @@ def test_each_step_sends_one_frame_with_a_token_per_running_request() -> None:
     assert sched.step(7) == 0 and len(frames) == FakeScheduler.DEFAULT_MAX_TOKENS
 
 
+def test_an_idle_fake_scheduler_reads_as_zero_to_the_tests_check() -> None:
+    sched, _ = _scheduler()
+    state = {"frontend": ZERO_FRONTEND, "tokenizer": ZERO_TOKENIZER, "scheduler": sched.state()}
+    assert is_zero(state)
+    sched.handle([UserMsg.make(1, [5], P)])
+    assert not is_zero({**state, "scheduler": sched.state()})
+
+
 def test_aborts_end_a_request_and_queries_see_the_live_counts() -> None:
     sched, frames = _scheduler()
     sched.handle([UserMsg.make(1, [5], P), UserMsg.make(2, [5], P), AbortBackendMsg(9)])
@@ -50,6 +59,7 @@ def test_aborts_end_a_request_and_queries_see_the_live_counts() -> None:
                     "table_slots_used": 1,
                     "kv_pages_used": 0,
                     "kv_pages_total": 0,
+                    "grammar_matchers": 0,
                 },
             )
         ]
