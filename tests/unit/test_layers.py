@@ -26,6 +26,7 @@ LAYERS: dict[str, int] = {
     # the chat templates and the markers the tokenizer and the output parsers share
     "utils": 0,
     "templates": 0,
+    "rules": 0,  # the request rules SamplingParams declares its fields with (core.py)
     # the request types, tensor-parallel collectives, the page pool, grammar compilation
     "core": 1,
     "distributed": 1,
