@@ -189,70 +189,37 @@ def run_tokenizer(args, model_dir, channels, ready, cpus) -> None:
 
 
 def standin_scheduler(channels, token_id: int, step_s, emitted, ready, cpus) -> None:
-    """Every running request gets one token per step; a step's tokens go out in one frame,
-    the way the real scheduler's `run_forever` sends them. `step_s` (a shared double) is
-    the least time per step, 0: as fast as it can; `emitted` (a shared counter) counts the
-    tokens sent."""
-    from minisgl.message import (
-        AbortBackendMsg,
-        BackendMsg,
-        DetokenizeMsg,
-        ExitMsg,
-        SchedulerStateMsg,
-        StateQueryMsg,
-        TokenizerMsg,
-        UserMsg,
-    )
+    """The tests' `FakeScheduler` on the real channels: every running request gets one
+    token per step, and a step's tokens go out in one frame, the way the real scheduler's
+    `run_forever` sends them. `step_s` (a shared double) is the least time per step, 0: as
+    fast as it can; `emitted` (a shared counter) counts the tokens sent."""
+    from minisgl.message import BackendMsg, TokenizerMsg
+    from minisgl.testing.fakes import FakeScheduler
     from minisgl.utils.worker import ParentWatch, Serving, run_worker
     from minisgl.utils.zmq import PullQueue, PushQueue
 
     pin(cpus)
 
-    def serve(inbox, outbox, parent: ParentWatch) -> None:
-        left: dict[int, int] = {}  # uid -> tokens still to emit
+    def serve(inbox, scheduler: FakeScheduler, parent: ParentWatch) -> None:
         next_step = time.perf_counter()
         while True:
-            msgs = inbox.get(timeout_ms=0 if left else 500)
-            replies = []
-            for msg in msgs:
-                if isinstance(msg, UserMsg):
-                    left[msg.uid] = msg.sampling_params.max_tokens or 16
-                elif isinstance(msg, AbortBackendMsg):
-                    left.pop(msg.uid, None)
-                elif isinstance(msg, StateQueryMsg):
-                    n = len(left)
-                    state = {
-                        "pending": 0,
-                        "running": n,
-                        "table_slots_used": n,
-                        "kv_pages_used": 0,
-                        "kv_pages_total": 0,
-                    }
-                    replies.append(SchedulerStateMsg(msg.query_id, state))
-                elif isinstance(msg, ExitMsg):
-                    return
+            msgs = inbox.get(timeout_ms=0 if scheduler.running else 500)
+            scheduler.handle(msgs)
             step = step_s.value
-            if left and step > 0:
+            if scheduler.running and step > 0:
                 now = time.perf_counter()
                 if now < next_step:
                     time.sleep(next_step - now)
                 # catch up after a late wake-up, but keep steps at least half a step apart
                 next_step = max(next_step + step, time.perf_counter() + step / 2)
-            for uid in list(left):
-                left[uid] -= 1
-                done = left[uid] == 0
-                replies.append(DetokenizeMsg(uid, token_id, "length" if done else None))
-                if done:
-                    del left[uid]
-            emitted.value += len(replies)
-            outbox.put(replies)
-            if not msgs and not left and not parent.alive():
+            emitted.value += scheduler.step(token_id)
+            if not msgs and not scheduler.running and not parent.alive():
                 return
 
     def build(parent: ParentWatch) -> Serving:
         inbox = PullQueue(channels.scheduler, BackendMsg)
-        outbox = PushQueue(channels.tokenizer, TokenizerMsg)
-        return Serving(functools.partial(serve, inbox, outbox, parent))
+        scheduler = FakeScheduler(PushQueue(channels.tokenizer, TokenizerMsg).put)
+        return Serving(functools.partial(serve, inbox, scheduler, parent))
 
     run_worker("standin", "stand-in scheduler", "warning", build, ready)
 

@@ -34,6 +34,7 @@ import httpx
 from common import write_json
 
 from minisgl.testing.server import RunningServer
+from minisgl.testing.sse import iter_payloads
 
 
 def ttft(http: httpx.Client, url: str, model: str) -> float:
@@ -45,8 +46,8 @@ def ttft(http: httpx.Client, url: str, model: str) -> float:
     }
     start = time.perf_counter()
     with http.stream("POST", url, json=body) as r:
-        for line in r.iter_lines():
-            if '"content"' in line or '"finish_reason":"' in line:
+        for payload in iter_payloads(r.iter_lines()):
+            if '"content"' in payload or '"finish_reason":"' in payload:
                 return time.perf_counter() - start
     raise RuntimeError(f"no output: {r.status_code}")
 

@@ -59,6 +59,8 @@ import httpx
 from common import add_engine_flags, group_cpu_seconds, machine_busy_seconds, wait_quiet, write_json
 from tqdm.asyncio import tqdm
 
+from minisgl.testing.sse import DONE, aiter_payloads
+
 # Common English words that SmolLM2's (and most BPE) tokenizers keep as one token with the
 # leading space, so `n` words make roughly `n` prompt tokens.
 WORDS = (
@@ -142,11 +144,8 @@ async def stream_one(client: httpx.AsyncClient, body: dict) -> RequestResult:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
+            async for data in aiter_payloads(r.aiter_lines(), strict=False):
+                if data == DONE:
                     break
                 event = json.loads(data)
                 if "error" in event:

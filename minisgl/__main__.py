@@ -42,9 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.prompt is not None:
             return run_prompt(args)
-        from minisgl.server.launch import launch_server, launch_shell
+        if args.shell:
+            from minisgl.shell import launch_shell
 
-        return launch_shell(args) if args.shell else launch_server(args)
+            return launch_shell(args)
+        from minisgl.server.launch import launch_server
+
+        return launch_server(args)
     except DefaultModelMissing as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

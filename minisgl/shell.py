@@ -7,6 +7,10 @@ sent it), and the prompt comes back; the unanswered question is dropped from the
 `/reset` clears the history, `/lifecycle` prints every component's live per-request state,
 `/exit` or Ctrl-D quits. Ctrl-C at the prompt discards the line.
 
+`launch_shell(args)` starts the workers as the server does (server/launch.py's
+`running_workers`), runs the shell over them and stops them; a worker that dies ends the
+shell with exit status 1 and a line naming it.
+
 Input is read with the event loop's reader on stdin rather than a blocking input() in a
 thread, so that Ctrl-C can reach whichever of "the prompt" or "the answer" is active.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -23,8 +28,13 @@ from contextlib import aclosing
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 
+from .server.args import ServerArgs
 from .server.errors import RequestFailed
 from .server.frontend import FrontendManager
+from .server.launch import connect_frontend
+from .server.supervisor import Supervisor, Worker, WorkerStartError
+
+logger = logging.getLogger(__name__)
 
 PROMPT = ">>> "
 HELP = "Type a message. /reset clears the history, /lifecycle shows live state, /exit quits."
@@ -130,3 +140,29 @@ async def run_shell(frontend: FrontendManager, max_tokens: int | None) -> int:
     finally:
         loop.remove_signal_handler(signal.SIGINT)
         listener.cancel()
+
+
+def launch_shell(args: ServerArgs) -> int:
+    async def main(supervisor: Supervisor) -> int:
+        frontend = connect_frontend(supervisor.channels, args)
+        shell = asyncio.get_running_loop().create_task(run_shell(frontend, args.max_tokens))
+
+        def on_exit(worker: Worker) -> None:
+            print(
+                f"\nthe {worker.name} process died (exit code {worker.process.exitcode})",
+                file=sys.stderr,
+            )
+            shell.cancel()
+
+        supervisor.watch(on_exit)
+        try:
+            return await shell
+        except asyncio.CancelledError:
+            return 1
+
+    try:
+        with Supervisor(args).running() as supervisor:
+            return asyncio.run(main(supervisor))
+    except WorkerStartError as exc:
+        logger.error("%s", exc)
+        return 1

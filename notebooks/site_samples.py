@@ -78,12 +78,9 @@ def with_headers(r) -> str:
 
 def data_events(raw: str) -> list[dict | str]:
     """The payloads of an SSE body: parsed JSON, or the literal `[DONE]`."""
-    out = []
-    for event in raw.split("\n\n"):
-        if event.startswith("data: "):
-            payload = event[len("data: ") :]
-            out.append(payload if payload == "[DONE]" else json.loads(payload))
-    return out
+    from minisgl.testing.sse import DONE, sse_payloads
+
+    return [p if p == DONE else json.loads(p) for p in sse_payloads(raw)]
 
 
 def finish_reason(events: list) -> str:
@@ -251,10 +248,11 @@ def _http_session(s: Session) -> None:
     # -------- /debug/lifecycle during a long stream, and after the client left
     busy = s.chat(max_tokens=256, stream=True, ignore_eos=True)
     with s.http.stream("POST", "/v1/chat/completions", json=busy) as r:
-        lines = r.iter_lines()
-        seen = 0
-        while seen < 3:
-            seen += next(lines).startswith("data: ")
+        from minisgl.testing.sse import iter_payloads
+
+        payloads = iter_payloads(r.iter_lines())
+        for _ in range(3):
+            next(payloads)
         during = s.http.get("/debug/lifecycle")
     assert during.json()["frontend"]["requests"] == 1, during.text
     s.write("lifecycle-busy.txt", during.text)

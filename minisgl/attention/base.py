@@ -88,27 +88,3 @@ class AttentionContext:
 
     def attention(self, layer_id: int, q, k, v) -> torch.Tensor:
         return self.backend.attention(layer_id, q, k, v, self.meta)
-
-
-def create_attention_backend(
-    name: str, pool: KVCachePool, num_heads: int, head_dim: int, device: torch.device
-) -> AttentionBackend:
-    if name == "auto":
-        name = "triton" if device.type == "cuda" and _triton_available() else "torch"
-    if name == "torch":
-        from .torch_backend import TorchBackend
-
-        return TorchBackend(pool, num_heads, head_dim)
-    if name == "triton":
-        from .triton_backend import TritonBackend
-
-        return TritonBackend(pool, num_heads, head_dim)
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")
-
-
-def _triton_available() -> bool:
-    try:
-        from . import triton_backend  # noqa: F401
-    except ImportError:
-        return False
-    return True

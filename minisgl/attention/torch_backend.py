@@ -15,7 +15,7 @@ SDPA as G query rows of that head, so no KV head is repeated; prefills use SDPA'
 
 On CUDA it is a real serving path (the one the start-up self-check falls back to from
 Triton), not only a reference: the per-step metadata is computed on the host once per step
-and sent in pinned, non-blocking copies (engine/staging.py), so the host never waits for
+and sent in pinned, non-blocking copies (utils/staging.py), so the host never waits for
 the device, inside a step or between steps, and no layer does host work that depends on
 the device. It is not capturable: its decode steps run eagerly.
 """
@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from numpy.lib.stride_tricks import sliding_window_view
 
-from minisgl.engine.staging import Staging
+from minisgl.utils.staging import Staging
 
 from .base import AttentionBackend, ForwardInfo
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from minisgl.engine.staging import Staging
+from minisgl.utils.staging import Staging
 
 from . import triton_kernels as tk
 from .base import AttentionBackend, ForwardInfo

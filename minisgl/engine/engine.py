@@ -7,7 +7,6 @@ writes the rows that change). `launch(batch)` starts one step for requests whose
 slots the scheduler has already set up and returns at once with a `StepHandle`; on a GPU
 the step runs while the host goes on (overlap scheduling). `handle.result()` waits for it
 and returns the sampled token of every request that samples this step, in batch order.
-`forward(batch)` is the two together.
 
 No host sync inside a step: the sampled tokens stay on the device for the next step (see
 inputs.py) and travel to the host in one non-blocking copy that `result()` waits for.
@@ -241,11 +240,6 @@ class Engine:
         return StepHandle(host, done, logprobs, scores)
 
     # --8<-- [end:launch]
-
-    def forward(self, batch: Batch) -> StepOutput:
-        """Run the step and wait for it: the sampled token (and logprobs where asked) of
-        each sequence that samples, in batch order."""
-        return self.launch(batch).result()
 
 
 @dataclass

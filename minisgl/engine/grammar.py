@@ -29,8 +29,7 @@ from pathlib import Path
 import torch
 
 from minisgl.grammar import GrammarError, TokenTable
-
-from .staging import Staging
+from minisgl.utils.staging import Staging
 
 __all__ = ["GrammarError", "Grammars", "advance", "mask"]
 

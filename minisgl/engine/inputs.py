@@ -29,8 +29,7 @@ import torch
 
 from minisgl.attention import ForwardInfo
 from minisgl.core import Batch
-
-from .staging import Staging
+from minisgl.utils.staging import Staging
 
 
 @dataclass

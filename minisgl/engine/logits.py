@@ -25,8 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from minisgl.core import Req
-
-from .staging import Staging
+from minisgl.utils.staging import Staging
 
 
 class PenaltyState:

@@ -34,10 +34,10 @@ import torch
 from minisgl.core import Req
 from minisgl.distributed import TPInfo, broadcast_
 from minisgl.message import TokenLogprob
+from minisgl.utils.staging import Staging
 
 from . import grammar
 from .logits import LogitsProcessors, PenaltyState
-from .staging import Staging
 
 _M32 = 0xFFFFFFFF
 

@@ -24,8 +24,7 @@ import torch
 
 from minisgl.core import Batch
 from minisgl.message import TokenLogprob
-
-from .staging import Staging
+from minisgl.utils.staging import Staging
 
 BLOCK = 256  # positions whose (BLOCK, vocab) logits exist at once
 

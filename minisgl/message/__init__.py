@@ -1,4 +1,5 @@
-"""Typed messages, one module per receiving component, plus the codec they travel with.
+"""Typed messages, one module per receiving component (the codec they travel with is
+utils/codec.py, re-exported here).
 
 API server --TokenizeMsg, AbortMsg, LifecycleQueryMsg--> tokenizer worker
 tokenizer worker --UserMsg, AbortBackendMsg, StateQueryMsg--> scheduler
@@ -11,8 +12,9 @@ HTTP status; the API server maps the kind to its answer.
 
 from __future__ import annotations
 
-from .backend import AbortBackendMsg, BackendMsg, ExitMsg, StateQueryMsg, UserMsg
-from .codec import Codec, pack_ids, unpack_ids
+from minisgl.utils.codec import Codec, pack_ids, unpack_ids
+
+from .backend import AbortBackendMsg, BackendMsg, StateQueryMsg, UserMsg
 from .errors import ErrorInfo, ErrorKind
 from .frontend import FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
 from .timeline import END_EVENTS, TimelineEvent, TimelineMsg
@@ -36,7 +38,6 @@ __all__ = [
     "DetokenizeMsg",
     "ErrorInfo",
     "ErrorKind",
-    "ExitMsg",
     "FrontendMsg",
     "LifecycleQueryMsg",
     "LifecycleStateMsg",

@@ -2,7 +2,8 @@
 
 UserMsg creates a request's scheduler state; AbortBackendMsg removes it (or one of its
 choices) wherever it is;
-StateQueryMsg asks for the live counts shown by /debug/lifecycle; ExitMsg stops the loop.
+StateQueryMsg asks for the live counts shown by /debug/lifecycle. (Nothing stops the loop
+by message: the launcher terminates the process, or the process sees its parent gone.)
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ from __future__ import annotations
 import msgspec
 
 from minisgl.core import SamplingParams
-
-from .codec import pack_ids, unpack_ids
+from minisgl.utils.codec import pack_ids, unpack_ids
 
 
 class UserMsg(msgspec.Struct, tag=True):
@@ -43,8 +43,4 @@ class StateQueryMsg(msgspec.Struct, tag=True):
     flush_cache: bool = False  # empty the prefix cache first, if no request is in flight
 
 
-class ExitMsg(msgspec.Struct, tag=True):
-    pass
-
-
-BackendMsg = UserMsg | AbortBackendMsg | StateQueryMsg | ExitMsg
+BackendMsg = UserMsg | AbortBackendMsg | StateQueryMsg

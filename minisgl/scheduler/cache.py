@@ -2,7 +2,8 @@
 the prefix cache that keeps finished prefixes' pages for reuse.
 
 Contract: `pages_needed(req, length)` says how many more pages `req` needs to hold `length`
-tokens; `grow(req, length)` takes them (evicting cached pages first if the allocator is
+tokens, and `next_token_pages(reqs)` how many (0 or 1) each of `reqs` needs for its next
+token; `grow(req, length)` takes them (evicting cached pages first if the allocator is
 short) and records them for the sequence's row of the page table; `bind(req)` records all
 its pages for a freshly assigned row; `flush()` writes what was recorded into the page
 table (on the engine's device) in one operation, and is called once per step before the
@@ -32,12 +33,13 @@ no request is in flight; `cached` is the rest of what the cache holds.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 
 import torch
 
 from minisgl.core import Req
-from minisgl.engine.staging import Staging
 from minisgl.kvcache import PageAllocator
+from minisgl.utils.staging import Staging
 
 from .radix import RadixCache
 
@@ -85,6 +87,12 @@ class CacheManager:
 
     def pages_needed(self, req: Req, length: int) -> int:
         return max(0, -(-length // self.page_size) - len(req.pages))
+
+    def next_token_pages(self, reqs: Iterable[Req]) -> list[int]:
+        """`pages_needed(r, r.cached_len + 1)` for each of `reqs`: what a decode step needs.
+        Written out, not a call per request: it runs for every request of every step."""
+        ps = self.page_size
+        return [max(0, r.cached_len // ps + 1 - len(r.pages)) for r in reqs]
 
     def grow(self, req: Req, length: int) -> None:
         n = self.pages_needed(req, length)

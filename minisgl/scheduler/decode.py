@@ -42,8 +42,7 @@ class DecodeManager:
     ) -> tuple[list[Req], list[Req]]:
         """Return (requests decoding this step, requests preempted to make room)."""
         # a sequence whose pending token is its last (by length) has nothing left to run
-        # (Req.seq_len and CacheManager.pages_needed inlined: this runs for every request
-        # of every step)
+        # (Req.seq_len inlined: this runs for every request of every step)
         # a constrained sequence waits for its pending token: its next mask depends on it
         reqs = [
             r
@@ -51,8 +50,7 @@ class DecodeManager:
             if len(r.token_ids) + r.num_pending < r.max_len
             and not (r.num_pending and r.matcher is not None)
         ]
-        ps = cache.page_size
-        needs = [max(0, r.cached_len // ps + 1 - len(r.pages)) for r in reqs]  # 0 or 1 each
+        needs = cache.next_token_pages(reqs)  # 0 or 1 each
         needed = sum(needs)
         preempted: list[Req] = []
         while needed > cache.available and len(reqs) > 1:

@@ -2,9 +2,10 @@
 
 Contract: `ZmqSchedulerIO` is the process's implementation of the scheduler's I/O seam
 (`receive`, `send`); tests drive the same `Scheduler` with in-memory I/O instead.
-`scheduler_worker` builds the engine and runs the loop, until told to exit or until its
-parent process disappears, under the worker harness (utils/worker.py: readiness, or why it
-could not start, reported to the launcher).
+`scheduler_worker` builds the engine and runs the loop under the worker harness
+(utils/worker.py: readiness, or why it could not start, reported to the launcher), until
+the launcher terminates the process or the process sees its parent gone (`receive` raises
+`ParentGone` then).
 With tensor parallelism it is rank 0: it joins the ranks' process group first, and its
 scheduler's calls are mirrored to the other ranks (minisgl/distributed_worker.py). A rank
 that dies or stops makes a collective fail within --dist-timeout seconds: every request in

@@ -65,7 +65,6 @@ from minisgl.message import (
     DetokenizeMsg,
     ErrorInfo,
     ErrorKind,
-    ExitMsg,
     SchedulerStateMsg,
     StateQueryMsg,
     TimelineMsg,
@@ -579,9 +578,9 @@ class Scheduler:
         if not any(r.pages for r in self.prefill_manager.pending):
             return  # nothing to take back (the common case)
         needed = sum(
-            cache.pages_needed(r, r.cached_len + 1)
-            for r in self.decode_manager.running.values()
-            if r.seq_len < r.max_len
+            cache.next_token_pages(
+                r for r in self.decode_manager.running.values() if r.seq_len < r.max_len
+            )
         )
         for req in reversed(self.prefill_manager.pending):
             if needed <= cache.available:
@@ -591,21 +590,15 @@ class Scheduler:
 
     # ------------------------------------------------------------------ process loop
     def run_forever(self, io: SchedulerIO) -> None:
+        """Receive, step, send, for as long as `io.receive` returns: the process's I/O
+        raises when the launcher is gone (io.py), and tests end the loop the same way."""
         while True:
             if not self._can_step:  # only matchers being built: wait for them, not spin
                 self.wait_for_matchers(0.01)
             if not self.has_work:
                 self.rest_followers()
             msgs = io.receive(blocking=not self.has_work)
-            exiting = any(isinstance(m, ExitMsg) for m in msgs)
-            if exiting:  # answers to what came before it still go out
-                msgs = msgs[: next(i for i, m in enumerate(msgs) if isinstance(m, ExitMsg))]
             replies = self.process_msgs(msgs) if msgs else []
-            if exiting:
-                if replies:
-                    io.send(replies)
-                self.stop_followers()
-                return
             replies += self.advance()
             timeline = self.timeline
             if timeline is not None and timeline.due(timeline.clock(), idle=not self.has_work):

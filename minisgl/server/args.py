@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.scheduler.config import SchedulerConfig, split_options
-from minisgl.tokenizer.tokenize import REASONING_STARTS_OPEN
+from minisgl.templates import REASONING_STARTS_OPEN
 from minisgl.utils.flags import add_flags, check_flags, option
 
 
@@ -129,7 +129,7 @@ class ServerArgs:
     debug_history: int = option(
         256, "ended requests whose timelines GET /debug/requests keeps (0: record none)", ge=0
     )
-    # qwen3 or deepseek-r1: tokenizer/tokenize.py's REASONING_STARTS_OPEN
+    # qwen3 or deepseek-r1: minisgl/templates' REASONING_STARTS_OPEN
     reasoning_parser: str | None = option(
         None,
         "return a reasoning model's <think> block as message.reasoning_content "
@@ -189,7 +189,7 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
     if not 0 <= ns.node_rank < ns.nnodes:
         parser.error("--node-rank must be in [0, --nnodes)")
     if ns.chat_template is not None:
-        from minisgl.tokenizer.tokenize import chat_template_text
+        from minisgl.templates import chat_template_text
 
         try:
             chat_template_text(ns.chat_template)

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import sys
 import threading
 
 import uvicorn
@@ -30,7 +29,7 @@ from .args import ServerArgs
 from .connections import default_max_connections, guarded, quiet_accept_errors
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
-from .supervisor import Supervisor, Worker, WorkerStartError, local_ranks
+from .supervisor import Supervisor, WorkerStartError, local_ranks
 from .timelines import Timelines
 
 logger = logging.getLogger(__name__)
@@ -134,34 +133,6 @@ def launch_server(args: ServerArgs) -> int:
                 fell_back,
             )
             return supervisor.serve(SupervisedServer(config, supervisor), frontend)
-    except WorkerStartError as exc:
-        logger.error("%s", exc)
-        return 1
-
-
-def launch_shell(args: ServerArgs) -> int:
-    from minisgl.shell import run_shell
-
-    async def main(supervisor: Supervisor) -> int:
-        frontend = connect_frontend(supervisor.channels, args)
-        shell = asyncio.get_running_loop().create_task(run_shell(frontend, args.max_tokens))
-
-        def on_exit(worker: Worker) -> None:
-            print(
-                f"\nthe {worker.name} process died (exit code {worker.process.exitcode})",
-                file=sys.stderr,
-            )
-            shell.cancel()
-
-        supervisor.watch(on_exit)
-        try:
-            return await shell
-        except asyncio.CancelledError:
-            return 1
-
-    try:
-        with Supervisor(args).running() as supervisor:
-            return asyncio.run(main(supervisor))
     except WorkerStartError as exc:
         logger.error("%s", exc)
         return 1

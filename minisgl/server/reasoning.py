@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minisgl.tokenizer.tokenize import THINK_END, THINK_START
+from minisgl.templates import THINK_END, THINK_START
 
 from .tools import _partial_suffix
 

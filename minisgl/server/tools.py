@@ -40,7 +40,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.tokenizer.tokenize import TOOL_CALL_END, TOOL_CALL_START
+from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
 
 AUTO, REQUIRED = "auto", "required"
 # forced parallel calls per answer: a small model under the grammar can otherwise repeat

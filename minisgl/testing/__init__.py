@@ -1,9 +1,13 @@
 """Test doubles and harnesses shared by the tests, the notebooks, the quiz and the benchmarks.
 
 - `fakes`: `FakeBackend`, the far side of a FrontendManager's two channels (a stand-in for
-  the tokenizer worker), and small asyncio helpers for driving it.
+  the tokenizer worker), and small asyncio helpers for driving it; `FakeScheduler`, the
+  scheduler's per-request state without a model (the quiz's pipeline, the frontend
+  benchmark's stand-in scheduler process).
 - `server`: `RunningServer`, the real three-process server (`python -m minisgl`) on a free
   port, with /debug/lifecycle at hand.
+- `sse`: the one reader of server-sent events (`sse_payloads`, `sse_chunks`,
+  `iter_payloads`, ...), strict about the framing minisgl sends.
 
 They live in the package, not beside the tests, so that every reader imports them the same
 way (`from minisgl.testing import FakeBackend`) without editing `sys.path`. Importing this
@@ -12,6 +16,13 @@ package imports neither torch nor an HTTP client; the submodules import what the
 
 from __future__ import annotations
 
-from .fakes import FakeBackend, listening, make_frontend, settle, wait_until
+from .fakes import FakeBackend, FakeScheduler, listening, make_frontend, settle, wait_until
 
-__all__ = ["FakeBackend", "listening", "make_frontend", "settle", "wait_until"]
+__all__ = [
+    "FakeBackend",
+    "FakeScheduler",
+    "listening",
+    "make_frontend",
+    "settle",
+    "wait_until",
+]

@@ -1,10 +1,20 @@
-"""A fake tokenizer worker for GPU-free frontend tests.
+"""Fakes of the two workers, for GPU-free tests and benchmarks of the parts around them.
 
-`FakeBackend` stands on the far side of the FrontendManager's two channels: `send` records
+`FakeBackend` (a fake tokenizer worker) stands on the far side of the FrontendManager's two channels: `send` records
 every message the frontend sends (TokenizeMsg, AbortMsg, LifecycleQueryMsg), and `recv`
 hands out whatever the test injected, batch by batch, so a test decides which UserReply
 arrives when and in which order. `on_tokenize` lets a test answer each TokenizeMsg
 automatically (the HTTP tests do), `on_query` each LifecycleQueryMsg.
+
+`FakeScheduler` stands where the scheduler does, after the tokenizer worker: the per-request
+state of a scheduler without a model. `handle(msgs)` takes what a scheduler receives: a
+UserMsg starts a request that will generate `max_tokens` tokens (16 when unset), an
+AbortBackendMsg ends one (an unknown uid changes nothing), a StateQueryMsg is answered at
+once with the live counts under the keys /debug/lifecycle shows. `step(token_id)` is one
+decode step: a DetokenizeMsg of `token_id` for every running request, finish_reason
+"length" on its last, all in one `send` (as the real loop sends a step). `sample(...)`
+scripts a step token by token instead, and `late(uid, token_id)` sends a token whatever the
+state (one computed before an abort arrived).
 """
 
 from __future__ import annotations
@@ -13,7 +23,19 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from minisgl.message import AbortMsg, FrontendMsg, LifecycleQueryMsg, TokenizeMsg, TokenizerMsg
+from minisgl.message import (
+    AbortBackendMsg,
+    AbortMsg,
+    BackendMsg,
+    DetokenizeMsg,
+    FrontendMsg,
+    LifecycleQueryMsg,
+    SchedulerStateMsg,
+    StateQueryMsg,
+    TokenizeMsg,
+    TokenizerMsg,
+    UserMsg,
+)
 from minisgl.server.frontend import FrontendManager
 
 
@@ -50,6 +72,59 @@ class FakeBackend:
 
     def queries(self) -> list[LifecycleQueryMsg]:
         return [m for m in self.sent if isinstance(m, LifecycleQueryMsg)]
+
+
+class FakeScheduler:
+    DEFAULT_MAX_TOKENS = 16
+
+    def __init__(self, send: Callable[[list[TokenizerMsg]], None]) -> None:
+        self.send = send  # to the tokenizer worker
+        self.running: dict[int, int] = {}  # uid -> tokens it has still to generate
+
+    def handle(self, msgs: list[BackendMsg]) -> None:
+        replies: list[TokenizerMsg] = []
+        for msg in msgs:
+            if isinstance(msg, UserMsg):
+                self.running[msg.uid] = msg.sampling_params.max_tokens or self.DEFAULT_MAX_TOKENS
+            elif isinstance(msg, AbortBackendMsg):
+                self.running.pop(msg.uid, None)
+            elif isinstance(msg, StateQueryMsg):
+                replies.append(SchedulerStateMsg(msg.query_id, self.state()))
+        if replies:
+            self.send(replies)
+
+    def state(self) -> dict[str, int]:
+        n = len(self.running)
+        return {
+            "pending": 0,
+            "running": n,
+            "table_slots_used": n,
+            "kv_pages_used": 0,
+            "kv_pages_total": 0,
+            "grammar_matchers": 0,
+        }
+
+    def step(self, token_id: int) -> int:
+        """One token for every running request; returns how many were sent."""
+        return self.sample(*((uid, token_id, left == 1) for uid, left in self.running.items()))
+
+    def sample(self, *steps: tuple[int, int, bool]) -> int:
+        """One step: for each (uid, token_id, last), the token sampled for a running uid;
+        `last` ends the request ("length"). All go to the worker as one batch."""
+        batch = []
+        for uid, token_id, last in steps:
+            if uid in self.running:
+                batch.append(DetokenizeMsg(uid, token_id, "length" if last else None))
+                self.running[uid] -= 1
+                if last:
+                    del self.running[uid]
+        if batch:
+            self.send(batch)
+        return len(batch)
+
+    def late(self, uid: int, token_id: int) -> None:
+        """A token computed before the abort arrived: it is sent all the same."""
+        self.send([DetokenizeMsg(uid, token_id)])
 
 
 def make_frontend(max_pending_bytes: int = 1 << 20) -> tuple[FrontendManager, FakeBackend]:

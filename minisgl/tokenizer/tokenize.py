@@ -3,7 +3,7 @@
 Contract: `load_tokenizer(model_dir, chat_template=None)` returns a Hugging Face fast
 tokenizer from a model folder, or None when the folder has no tokenizer (a bare config for
 --dummy-weights benchmarks: such a model takes token ids only); `chat_template` (a file or
-the name of one shipped in templates/) replaces the model's own.
+the name of one shipped in minisgl/templates/) replaces the model's own.
 `build_prompt_ids(tokenizer, prompt, tools=None, ...)` turns what a user sent (plain text,
 chat messages, or token ids) into prompt token ids: chat messages go through the chat
 template with the generation prompt appended (or the last message continued), with the
@@ -25,35 +25,22 @@ import re
 from pathlib import Path
 from typing import Any
 
+from minisgl.templates import (
+    REASONING_STARTS_OPEN,
+    THINK_END,
+    THINK_START,
+    TOOL_CALL_START,
+    chat_template_text,
+)
+
 Prompt = str | list[int] | list[dict[str, Any]]
 
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-TEMPLATES = Path(__file__).parent / "templates"  # chat templates shipped with minisgl
-TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
-# a reasoning model's thinking (Qwen3, DeepSeek-R1), read out by --reasoning-parser
-THINK_START, THINK_END = "<think>", "</think>"
-# per --reasoning-parser: whether the output starts inside the think block when the prompt
-# shows neither marker (a DeepSeek-R1 model often thinks without writing `<think>`)
-REASONING_STARTS_OPEN = {"qwen3": False, "deepseek-r1": True}
-
-
 class ToolsUnsupported(ValueError):
     """The chat template cannot present tools to the model in the `<tool_call>` format."""
-
-
-def chat_template_text(name_or_path: str) -> str:
-    """The text of a chat template: a file, or the name of one in TEMPLATES."""
-    shipped = TEMPLATES / f"{name_or_path}.jinja"
-    if shipped.is_file():
-        return shipped.read_text()
-    path = Path(name_or_path).expanduser()
-    if path.is_file():
-        return path.read_text()
-    names = ", ".join(sorted(p.stem for p in TEMPLATES.glob("*.jinja")))
-    raise ValueError(f"chat template {name_or_path!r}: no such file, nor one shipped ({names})")
 
 
 def load_tokenizer(model_dir: str | Path, chat_template: str | None = None):

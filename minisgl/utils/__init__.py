@@ -1,1 +1,2 @@
-"""Small shared helpers: ZMQ queues and addresses, process helpers."""
+"""Small shared helpers with no minisgl dependencies above them: ZMQ queues and addresses,
+process helpers, heartbeats and host-to-device staging."""

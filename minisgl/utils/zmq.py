@@ -28,7 +28,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from minisgl.message import Codec
+from minisgl.utils.codec import Codec
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """Helpers shared by the end-to-end tests: how a module names its server (`ServerSpec`) and
 the servers several modules share, request bodies, streams held open, raw HTTP over a
-socket, SSE parsing, waiting on /debug/lifecycle, Prometheus samples, IPC directories."""
+socket, waiting on /debug/lifecycle, Prometheus samples, IPC directories."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import httpx
 import openai
 
 from minisgl.testing.server import RunningServer
+from minisgl.testing.sse import sse_chunks, sse_payloads
 
 CHAT_PATH = "/v1/chat/completions"
 SSE_DONE = b"data: [DONE]\n\n"
@@ -140,22 +141,6 @@ def assert_error_body(body: dict, code: str | None = None) -> dict:
     return error
 
 
-def split_sse(raw: bytes) -> list[bytes]:
-    """The payloads of a complete SSE body; every event must be exactly `data: …\\n\\n`."""
-    assert raw.endswith(b"\n\n"), raw[-200:]
-    events = raw[:-2].split(b"\n\n")
-    payloads = []
-    for event in events:
-        assert event.startswith(b"data: ") and b"\n" not in event, event[:200]
-        payloads.append(event[len(b"data: ") :])
-    return payloads
-
-
-def sse_chunks(raw: bytes) -> list[dict]:
-    """The JSON chunks of a complete SSE body: every event but the last (`[DONE]`)."""
-    return [json.loads(p) for p in split_sse(raw)[:-1]]
-
-
 def chunk_text(chunks: list[dict]) -> str:
     """The text of choice 0 of streamed chat chunks."""
     return "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
@@ -173,7 +158,7 @@ def assert_completed_stream(raw: bytes) -> list[dict]:
 def assert_error_event_then_done(raw: bytes, code: str) -> None:
     """A stream that began and then ended with `data: {"error": ...}` and `data: [DONE]`."""
     assert raw.endswith(SSE_DONE) and raw.count(SSE_DONE) == 1, raw[-300:]
-    payloads = split_sse(raw)
+    payloads = sse_payloads(raw)
     assert_error_body(json.loads(payloads[-2]), code)
     assert b'"finish_reason":"length"' not in raw
 

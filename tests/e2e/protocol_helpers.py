@@ -11,7 +11,6 @@ the last chunk before `[DONE]`.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any, Literal
 import openai
 from openai.types import Completion, CompletionChoice, CompletionUsage
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from minisgl.testing.sse import chunks_of_lines
 
 LONG = 1500  # max_tokens of a generation that would run for a second or more
 
@@ -109,18 +110,8 @@ def _completion_entries(lp) -> list[tuple[str, float, dict[str, float], int]]:
     return list(zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset))
 
 
-def parse_sse_lines(lines: list[str]) -> list[dict[str, Any]]:
-    """The JSON payloads of an SSE body given as lines; `[DONE]` must come once, last."""
-    events = [line for line in lines if line != ""]
-    for line in events:
-        assert line.startswith("data: "), line[:200]
-    assert events and events[-1] == "data: [DONE]", events[-3:]
-    assert events.count("data: [DONE]") == 1
-    return [json.loads(line[len("data: ") :]) for line in events[:-1]]
-
-
 def _streamed(endpoint: str, lines: list[str]) -> Answer:
-    chunks = parse_sse_lines(lines)
+    chunks = chunks_of_lines(lines)
     ans = Answer(chunks=chunks)
     assert chunks, "no chunk before [DONE]"
     ids = set()

@@ -8,7 +8,9 @@ import re
 
 import httpx
 import pytest
-from e2e_helpers import ServerSpec, assert_error_body, chat_url, sse_chunks, tokens_body
+from e2e_helpers import ServerSpec, assert_error_body, chat_url, tokens_body
+
+from minisgl.testing.sse import sse_chunks
 
 MAX_RESPONSE = 20_000
 pytestmark = pytest.mark.server(

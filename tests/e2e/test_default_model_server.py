@@ -17,9 +17,10 @@ from e2e_helpers import (
     chat_body,
     chat_url,
     chunk_text,
-    sse_chunks,
 )
 from pydantic import BaseModel, Field
+
+from minisgl.testing.sse import sse_chunks
 
 CHAPTER_PROMPT = "什么是 KV Cache？"
 

@@ -18,6 +18,7 @@ from common import cpu_seconds
 from e2e_helpers import ServerSpec, assert_error_body, chat_body, chat_url, wait_state
 
 from minisgl.testing.server import inbox_owner
+from minisgl.testing.sse import iter_payloads
 
 COMPILE_TIMEOUT = 3.0
 pytestmark = pytest.mark.server(
@@ -127,8 +128,8 @@ def test_another_client_s_first_token_stays_fast_while_a_heavy_schema_compiles(s
         body = chat_body(server.model_name, max_tokens=2, stream=True, ignore_eos=True)
         start = time.monotonic()
         with httpx.stream("POST", chat_url(server), json=body, timeout=60) as r:
-            for line in r.iter_lines():  # the first chunk that carries output
-                if '"content"' in line or '"finish_reason":"' in line:
+            for payload in iter_payloads(r.iter_lines()):  # the first chunk with output
+                if '"content"' in payload or '"finish_reason":"' in payload:
                     return time.monotonic() - start
         raise AssertionError("the stream ended without output")
 

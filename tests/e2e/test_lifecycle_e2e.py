@@ -22,6 +22,8 @@ from e2e_helpers import (
     wait_state,
 )
 
+from minisgl.testing.sse import iter_payloads
+
 MAX_SEQ_LEN = 2048
 LONG = 1500  # tokens: a request that stays in flight for a while
 
@@ -93,8 +95,8 @@ def test_disconnect_mid_stream_frees_all_state(server):
     with httpx.Client(timeout=30) as http, http.stream("POST", chat_url(server), json=body) as r:
         assert r.status_code == 200
         events = 0
-        for line in r.iter_lines():
-            events += line.startswith("data: {")
+        for payload in iter_payloads(r.iter_lines()):
+            events += payload.startswith("{")
             if events == 2:
                 state = server.lifecycle()
                 assert state["scheduler"]["running"] == 1, state  # still generating

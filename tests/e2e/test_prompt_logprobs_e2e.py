@@ -19,6 +19,8 @@ from openai.types import Completion, CompletionChoice
 from openai.types.completion_choice import Logprobs
 from protocol_helpers import ask, hf_tokenizer, plain
 
+from minisgl.testing.sse import DONE, iter_payloads
+
 pytestmark = pytest.mark.server(PROTOCOL_SERVER)
 
 PROMPTS = ["The capital of France is Paris.", "def forward(self, x): return x", "什么是 KV Cache？"]
@@ -146,11 +148,11 @@ def test_streamed_prompt_logprobs_equal_the_whole_answer(server, hf):
     whole = completion(server, **body)
     streamed = {"model": server.model_name, **body, "stream": True}
     with httpx.stream("POST", completions_url(server), json=streamed, timeout=120) as r:
-        events = [line for line in r.iter_lines() if line]
-    assert events[-1] == "data: [DONE]"
+        payloads = list(iter_payloads(r.iter_lines()))
+    assert payloads[-1] == DONE
     text, tokens, logprobs = "", [], []
-    for event in events[:-1]:
-        for choice in EchoCompletion.model_validate_json(event[len("data: ") :]).choices:
+    for payload in payloads[:-1]:
+        for choice in EchoCompletion.model_validate_json(payload).choices:
             text += choice.text
             if choice.logprobs is not None:
                 tokens += choice.logprobs.tokens

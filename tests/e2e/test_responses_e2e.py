@@ -19,6 +19,8 @@ from e2e_helpers import ERROR_KEYS, PROTOCOL_SERVER
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from minisgl.testing.sse import parse_events
+
 pytestmark = pytest.mark.server(PROTOCOL_SERVER)
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
@@ -38,10 +40,9 @@ def raw_events(server, body: dict) -> list:
         raw = r.read().decode()
     assert "[DONE]" not in raw
     events = []
-    for block in raw.split("\n\n")[:-1]:
-        head, data = block.split("\n")
-        event = EVENTS.validate_python(json.loads(data.removeprefix("data: ")), strict=True)
-        assert head == f"event: {event.type}"
+    for sse in parse_events(raw, named=True):
+        event = EVENTS.validate_python(json.loads(sse.data), strict=True)
+        assert sse.name == event.type
         events.append(event)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     return events

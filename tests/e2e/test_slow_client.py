@@ -26,9 +26,10 @@ from e2e_helpers import (
     dechunk,
     raw_post,
     read_until_closed,
-    split_sse,
     tokens_body,
 )
+
+from minisgl.testing.sse import DONE, sse_payloads
 
 STALL_S = 2.0
 PENDING_CAP = 32 * TOKEN_CHARS  # about 32 tokens of unread text
@@ -122,8 +123,8 @@ def test_a_client_that_reads_slowly_is_aborted_past_max_pending_bytes(server):
     body, complete = dechunk(bytes(received))
     assert b'"finish_reason":"length"' not in body
     if complete:  # told: one error event, then [DONE]
-        payloads = split_sse(body)
-        assert payloads[-1] == b"[DONE]" and body.count(SSE_DONE) == 1
+        payloads = sse_payloads(body)
+        assert payloads[-1] == DONE and body.count(SSE_DONE) == 1
         assert_error_body(json.loads(payloads[-2]), "slow_client")
     else:  # or cut off mid-stream: no [DONE]
         assert SSE_DONE not in body

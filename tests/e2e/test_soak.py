@@ -32,11 +32,11 @@ from e2e_helpers import (
     assert_error_body,
     chat_body,
     scrape_metrics,
-    sse_chunks,
 )
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from minisgl.testing.server import RunningServer, group_rss_bytes
+from minisgl.testing.sse import sse_chunks
 
 MAX_SEQ_LEN = 512  # short: a max_tokens=10**9 request clamps to under 512 tokens
 CLIENTS = 64

@@ -7,8 +7,10 @@ import json
 
 import httpx
 import pytest
-from e2e_helpers import SSE_DONE, ServerSpec, chat_body, chat_url, split_sse, sse_chunks
+from e2e_helpers import SSE_DONE, ServerSpec, chat_body, chat_url
 from openai.types.chat import ChatCompletionChunk
+
+from minisgl.testing.sse import DONE, sse_chunks, sse_payloads
 
 pytestmark = pytest.mark.server(ServerSpec("qwen3"))
 
@@ -26,8 +28,8 @@ def test_every_event_is_a_data_line_and_done_comes_once_at_the_end(server, max_t
     assert r.status_code == 200
     assert r.headers["content-type"].split(";")[0].strip() == "text/event-stream"
     assert raw.endswith(SSE_DONE) and raw.count(SSE_DONE) == 1
-    payloads = split_sse(raw)
-    assert payloads[-1] == b"[DONE]" and b"[DONE]" not in payloads[:-1]
+    payloads = sse_payloads(raw)
+    assert payloads[-1] == DONE and DONE not in payloads[:-1]
     chunks = [json.loads(p) for p in payloads[:-1]]
     for chunk in chunks:
         ChatCompletionChunk.model_validate(chunk, strict=True)
@@ -49,5 +51,5 @@ def test_two_streams_have_different_ids(server):
     ids = []
     for _ in range(2):
         _, raw = _stream_raw(server, max_tokens=2)
-        ids.append(json.loads(split_sse(raw)[0])["id"])
+        ids.append(json.loads(sse_payloads(raw)[0])["id"])
     assert ids[0] != ids[1]

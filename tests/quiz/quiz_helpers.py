@@ -77,11 +77,3 @@ def chat_body(stream: bool = False, **extra) -> dict:
         "stream": stream,
         **extra,
     }
-
-
-def sse_payloads(raw: bytes) -> list[str]:
-    """The `data:` payloads of an SSE body; every event is `data: ...` and a blank line."""
-    assert raw.endswith(b"\n\n"), raw[-40:]
-    events = raw.decode().split("\n\n")[:-1]
-    assert all(e.startswith("data: ") for e in events), events
-    return [e[len("data: ") :] for e in events]

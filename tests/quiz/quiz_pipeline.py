@@ -1,9 +1,9 @@
 """The three components of a request's life in one process, for quiz question 5.
 
 `Pipeline` wires a frontend's two channels to the real `TokenizerWorker` (with a
-one-character-per-token tokenizer, no model files) and a `FakeScheduler` (a set of running
-uids, no model): every message the frontend sends goes through the worker to the
-scheduler, and every token the test makes the scheduler sample comes back as a UserReply
+one-character-per-token tokenizer, no model files) and a `CharScheduler` (the shared
+`FakeScheduler`, tokens given as characters: the running uids, no model): every message the
+frontend sends goes through the worker to the scheduler, and every token the test makes the scheduler sample comes back as a UserReply
 in the frontend's inbox. `pipeline.worker_state()` and `pipeline.scheduler.running` are
 what the tokenizer worker and the scheduler still hold, so a test can check all three
 components after a run. `RefStyleTokenizerWorker` models the reference's worker, which
@@ -12,18 +12,8 @@ forwards an abort but keeps the uid's decode state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from minisgl.message import (
-    AbortBackendMsg,
-    AbortMsg,
-    BackendMsg,
-    DetokenizeMsg,
-    FrontendMsg,
-    TokenizerMsg,
-    UserMsg,
-)
-from minisgl.testing.fakes import FakeBackend
+from minisgl.message import AbortMsg, FrontendMsg, TokenizerMsg
+from minisgl.testing.fakes import FakeBackend, FakeScheduler
 from minisgl.tokenizer.server import TokenizerWorker
 
 
@@ -42,35 +32,15 @@ class CharTokenizer:
         return [self.decode(ids) for ids in batch]
 
 
-class FakeScheduler:
-    """The scheduler's per-uid state without a model: which uids are running."""
+class CharScheduler(FakeScheduler):
+    """The shared fake scheduler, its tokens given as characters (CharTokenizer's ids are
+    code points)."""
 
-    def __init__(self, send: Callable[[list[TokenizerMsg]], None]) -> None:
-        self.send = send  # to the tokenizer worker
-        self.running: set[int] = set()
-
-    def handle(self, msgs: list[BackendMsg]) -> None:
-        for msg in msgs:
-            if isinstance(msg, UserMsg):
-                self.running.add(msg.uid)
-            elif isinstance(msg, AbortBackendMsg):
-                self.running.discard(msg.uid)
-
-    def sample(self, *steps: tuple[int, str, bool]) -> None:
-        """One step: for each (uid, character, last), the token sampled for a running uid;
-        `last` ends the request ("length"). All go to the worker as one batch."""
-        batch = []
-        for uid, char, last in steps:
-            if uid in self.running:
-                batch.append(DetokenizeMsg(uid, ord(char), "length" if last else None))
-                if last:
-                    self.running.discard(uid)
-        if batch:
-            self.send(batch)
+    def sample(self, *steps: tuple[int, str, bool]) -> int:
+        return super().sample(*((uid, ord(char), last) for uid, char, last in steps))
 
     def late(self, uid: int, char: str) -> None:
-        """A token computed before the abort arrived: it is sent all the same."""
-        self.send([DetokenizeMsg(uid, ord(char))])
+        super().late(uid, ord(char))
 
 
 class RefStyleTokenizerWorker(TokenizerWorker):
@@ -99,7 +69,7 @@ class PipelineBackend(FakeBackend):
 class Pipeline:
     def __init__(self, worker_cls: type[TokenizerWorker] = TokenizerWorker) -> None:
         self.backend = PipelineBackend()  # the frontend's side: send, recv
-        self.scheduler = FakeScheduler(self._to_worker)
+        self.scheduler = CharScheduler(self._to_worker)
         self.worker = worker_cls(CharTokenizer(), self.scheduler.handle, self._to_frontend)
         self.backend.worker = self.worker
 

@@ -26,12 +26,13 @@ from typing import Any
 
 import pytest
 from openai.types.chat import ChatCompletionChunk
-from quiz_helpers import MODEL, app_client, chat_body, sse_payloads
+from quiz_helpers import MODEL, app_client, chat_body
 
 from minisgl.message import ErrorInfo, ErrorKind, UserReply
 from minisgl.server.buffer import Output, ReplyBuffer
 from minisgl.server.errors import to_http
 from minisgl.testing.fakes import make_frontend, settle, wait_until
+from minisgl.testing.sse import sse_payloads
 
 pytestmark = pytest.mark.q6
 

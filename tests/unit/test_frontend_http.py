@@ -25,6 +25,7 @@ from minisgl.server.api_server import create_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.frontend import FrontendManager
 from minisgl.testing.fakes import FakeBackend, make_frontend, wait_until
+from minisgl.testing.sse import DONE, sse_payloads
 
 MODEL = "test-model"
 PIECES = ["Hello", ", ", "鲸鱼 🐳", "!"]
@@ -102,14 +103,6 @@ def chat(stream: bool = False, **extra) -> dict:
     }
 
 
-def sse_events(raw: bytes) -> list[bytes]:
-    """Split an SSE body into its `data:` payloads, checking the framing on the way."""
-    assert raw.endswith(b"\n\n")
-    events = raw[:-2].split(b"\n\n")
-    assert all(e.startswith(b"data: ") for e in events), events
-    return [e[len(b"data: ") :] for e in events]
-
-
 ANY = object()
 
 
@@ -138,8 +131,8 @@ async def test_streaming_response_is_valid_sse_of_openai_chunks_ending_in_done()
             raw = await resp.aread()
         await wait_until(lambda: frontend.states == {})
 
-    events = sse_events(raw)
-    assert events[-1] == b"[DONE]"
+    events = sse_payloads(raw)
+    assert events[-1] == DONE
     chunks = [ChatCompletionChunk.model_validate(json.loads(e)) for e in events[:-1]]
     assert chunks[0].choices[0].delta.role == "assistant"
     assert chunks[0].id.startswith("chatcmpl-") and {c.id for c in chunks} == {chunks[0].id}
@@ -195,8 +188,8 @@ async def test_an_error_after_streaming_began_is_an_error_event_then_done():
         async with client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as resp:
             assert resp.status_code == 200
             raw = await resp.aread()
-    events = sse_events(raw)
-    assert events[-1] == b"[DONE]"
+    events = sse_payloads(raw)
+    assert events[-1] == DONE
     assert_error_body(json.loads(events[-2]), "internal_error")
     for e in events[:-2]:
         ChatCompletionChunk.model_validate(json.loads(e))

@@ -28,6 +28,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, UserReply
 from minisgl.server.args import ServerArgs
 from minisgl.testing.fakes import make_frontend
+from minisgl.testing.sse import sse_chunks
 
 # every parameter OpenAI marks nullable, sent as null
 NULLS = {
@@ -262,7 +263,7 @@ async def test_continuous_usage_stats_put_the_usage_so_far_on_every_chunk(endpoi
     async with _serving(frontend) as client:
         async with client.stream("POST", path, json=body) as resp:
             raw = await resp.aread()
-    chunks = [json.loads(e.removeprefix(b"data: ")) for e in raw[:-2].split(b"\n\n")[:-1]]
+    chunks = sse_chunks(raw)
     assert all("usage" in c for c in chunks)
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert counts == sorted(counts) and counts[-1] == len(PIECES)

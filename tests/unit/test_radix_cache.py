@@ -65,6 +65,20 @@ def _compute(cache: CacheManager, req: Req) -> None:
     req.cached_len = len(req.token_ids)
 
 
+@given(st.lists(st.tuples(st.integers(0, 9 * PS), st.integers(0, 10)), max_size=12))
+def test_a_decode_step_needs_the_pages_of_one_more_token(shapes) -> None:
+    """`next_token_pages` (written out for the hot path) is `pages_needed` of one more token."""
+    cache = _manager(64)
+    reqs = []
+    for uid, (cached_len, held) in enumerate(shapes):
+        req = _req(uid, list(range(cached_len + 1)))
+        req.cached_len, req.pages = cached_len, list(range(held))
+        reqs.append(req)
+    assert cache.next_token_pages(reqs) == [cache.pages_needed(r, r.cached_len + 1) for r in reqs]
+    holding = [r for r in reqs if len(r.pages) * PS >= r.cached_len]  # pages for every token
+    assert set(cache.next_token_pages(holding)) <= {0, 1}
+
+
 def test_a_finished_prefix_is_reused_and_counted() -> None:
     cache = _manager(8)
     a = _req(0, [1, 2, 3, 4, 5])

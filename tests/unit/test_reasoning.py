@@ -16,6 +16,7 @@ from tiny import make_tokenizer
 from minisgl.server.formats import ChatFormat
 from minisgl.server.reasoning import ReasoningParser
 from minisgl.server.tools import ToolCalling
+from minisgl.testing.sse import sse_payloads
 from minisgl.tokenizer.tokenize import reasoning_open
 
 TOOLS = [
@@ -71,16 +72,11 @@ def streamed(text: str, reason: str, cuts: list[int], tools=None, reasoning_open
     state = ChatCompletionStreamState(input_tools=tools or [])
     reasoning = ""
     for out in outputs(text, reason, cuts, reasoning_open):
-        for event in fmt.chunks(out).split(b"\n\n"):
-            if event:
-                payload = event.removeprefix(b"data: ")
-                chunk = ChatCompletionChunk.model_validate_json(payload)
-                state.handle_chunk(chunk)
-                delta = json.loads(payload)["choices"][0]["delta"]
-                assert "<think>" not in delta.get("content", "") + delta.get(
-                    "reasoning_content", ""
-                )
-                reasoning += delta.get("reasoning_content", "")
+        for payload in sse_payloads(fmt.chunks(out)):
+            state.handle_chunk(ChatCompletionChunk.model_validate_json(payload))
+            delta = json.loads(payload)["choices"][0]["delta"]
+            assert "<think>" not in delta.get("content", "") + delta.get("reasoning_content", "")
+            reasoning += delta.get("reasoning_content", "")
     return state.current_completion_snapshot.choices[0], reasoning
 
 

@@ -18,7 +18,8 @@ from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.protocol import ParamError
 from minisgl.server.responses import ResponsesRequest, chat_messages
 from minisgl.server.responses_format import ResponsesFormat
-from minisgl.tokenizer.tokenize import TOOL_CALL_END, TOOL_CALL_START
+from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
+from minisgl.testing.sse import parse_events
 
 EVENTS = TypeAdapter(ResponseStreamEvent)
 WEATHER = {
@@ -153,11 +154,9 @@ def _outputs(pieces: list[str], finish: str, error: ErrorInfo | None = None) -> 
 def _stream(fmt: ResponsesFormat, outputs: list[Output]) -> list:
     raw = b"".join(fmt.chunks(o) for o in outputs) + fmt.closing(outputs[-1], True)
     events = []
-    for block in raw.decode().split("\n\n")[:-1]:
-        head, data = block.split("\n")
-        assert head.startswith("event: ") and data.startswith("data: ")
-        event = EVENTS.validate_python(json.loads(data[6:]), strict=True)
-        assert event.type == head[len("event: ") :]
+    for sse in parse_events(raw, named=True):
+        event = EVENTS.validate_python(json.loads(sse.data), strict=True)
+        assert event.type == sse.name
         events.append(event)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     return events

@@ -1,6 +1,8 @@
 """Scheduler.run_forever driven by a scripted in-memory io: aborts stop output at once,
 validation errors do not disturb the batch, state queries are answered, and the loop only
-blocks when it has nothing to do."""
+blocks when it has nothing to do. The loop ends the way the process's own does: the io's
+blocking receive raises (`ScriptEnded`, as ZmqSchedulerIO raises ParentGone), here once the
+script is used up and the loop has gone idle."""
 
 from __future__ import annotations
 
@@ -16,7 +18,6 @@ from minisgl.message import (
     BackendErrorMsg,
     DetokenizeMsg,
     ErrorKind,
-    ExitMsg,
     SchedulerStateMsg,
     StateQueryMsg,
     UserMsg,
@@ -45,10 +46,15 @@ class WhenIdle:
     msgs: list
 
 
+class ScriptEnded(Exception):
+    """The script is used up and the loop asks to wait for more: it has finished its work."""
+
+
 @dataclass
 class ScriptedIO:
     """receive() hands out the script one entry per call (a plain list at once, a WhenIdle
-    only to a blocking call); every call and every send is logged in order."""
+    only to a blocking call), and raises ScriptEnded at the first blocking call after the
+    script; every call and every send is logged in order."""
 
     sched: Scheduler
     script: list
@@ -66,9 +72,9 @@ class ScriptedIO:
                 msgs = self.script.pop(0)
             elif blocking:
                 msgs = self.script.pop(0).msgs
-        elif blocking:
-            raise AssertionError("the loop blocks with an empty script: it would hang")
         self.log.append(("recv", blocking, bool(self.sched.has_work), list(msgs)))
+        if blocking and not msgs and not self.script:
+            raise ScriptEnded
         return msgs
 
     def send(self, replies: list) -> None:
@@ -93,7 +99,8 @@ def _live(sched: Scheduler) -> dict[str, int]:
 
 def _run(sched: Scheduler, script: list) -> ScriptedIO:
     io = ScriptedIO(sched, script)
-    sched.run_forever(io)  # returns at the ExitMsg
+    with pytest.raises(ScriptEnded):  # idle, with nothing left in the script
+        sched.run_forever(io)
     assert io.script == [], "the loop stopped before its script ended"
     return io
 
@@ -107,7 +114,6 @@ def test_abort_while_decoding_stops_output_after_the_abort_and_frees_all(sched) 
         [],
         [AbortBackendMsg(1)],
         WhenIdle([StateQueryMsg(9)]),
-        WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)
 
@@ -133,7 +139,6 @@ def test_an_over_long_prompt_mid_batch_errors_alone_and_the_others_complete(sche
                 _user(3, 7, max_tokens=3, ignore_eos=True),
             ]
         ),
-        WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)
 
@@ -154,7 +159,6 @@ def test_the_error_reply_goes_out_with_the_first_step_not_after_the_batch(sched)
     bad = UserMsg.make(2, [5, 10**6], SamplingParams())
     script = [
         WhenIdle([_user(1, 5, max_tokens=10, ignore_eos=True), bad]),
-        WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)
     first_send = next(e[1] for e in io.log if e[0] == "send")
@@ -170,7 +174,6 @@ def test_a_state_query_is_answered_with_live_counts(sched) -> None:
         [StateQueryMsg(2)],
         [AbortBackendMsg(5)],
         WhenIdle([StateQueryMsg(3)]),
-        WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)
     states = {m.query_id: m.state for m in io.sent if isinstance(m, SchedulerStateMsg)}
@@ -197,7 +200,6 @@ def test_the_loop_blocks_only_when_it_has_no_work(sched) -> None:
     script = [
         WhenIdle([_user(1, 30, max_tokens=3, ignore_eos=True)]),  # chunked: 4 prefill steps
         WhenIdle([_user(2, 5, max_tokens=2, ignore_eos=True)]),
-        WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)
     recvs = [e for e in io.log if e[0] == "recv"]
@@ -215,7 +217,6 @@ def test_abort_of_a_uid_that_never_existed_is_ignored(sched) -> None:
         WhenIdle([AbortBackendMsg(12345)]),
         WhenIdle([_user(1, 5, max_tokens=3, ignore_eos=True), AbortBackendMsg(777)]),
         [AbortBackendMsg(4242)],
-        WhenIdle([ExitMsg()]),
     ]
     io = _run(sched, script)
     assert all(m.uid == 1 for m in io.sent)  # no reply of any kind for unknown uids
@@ -223,6 +224,6 @@ def test_abort_of_a_uid_that_never_existed_is_ignored(sched) -> None:
     assert _live(sched) == ZERO
 
 
-def test_exit_msg_ends_the_loop_without_sending(sched) -> None:
-    io = _run(sched, [WhenIdle([ExitMsg()])])
-    assert io.log == [("recv", True, False, [ExitMsg()])]
+def test_an_idle_loop_waits_and_sends_nothing(sched) -> None:
+    io = _run(sched, [])
+    assert io.log == [("recv", True, False, [])]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minisgl.engine.staging import Staging
+from minisgl.utils.staging import Staging
 
 DTYPES = [torch.int64, torch.int32, torch.float32, torch.bool]
 

@@ -22,12 +22,9 @@ from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.formats import ChatFormat
 from minisgl.server.protocol import ChatCompletionRequest
 from minisgl.server.tools import MAX_PARALLEL_CALLS, ToolCalling, ToolCallParser, closed_schema
-from minisgl.tokenizer.tokenize import (
-    ToolsUnsupported,
-    build_prompt_ids,
-    chat_template_text,
-    load_tokenizer,
-)
+from minisgl.templates import chat_template_text
+from minisgl.testing.sse import sse_payloads
+from minisgl.tokenizer.tokenize import ToolsUnsupported, build_prompt_ids, load_tokenizer
 
 WEATHER = {
     "type": "object",
@@ -375,10 +372,8 @@ def streamed(calling: ToolCalling, text: str, reason: str, cuts: list[int]):
     fmt = ChatFormat("m", 1, calling)
     state = ChatCompletionStreamState(input_tools=TOOLS)
     for out in outputs(text, reason, cuts):
-        for event in fmt.chunks(out).split(b"\n\n"):
-            if event:
-                chunk = ChatCompletionChunk.model_validate_json(event.removeprefix(b"data: "))
-                state.handle_chunk(chunk)
+        for payload in sse_payloads(fmt.chunks(out)):
+            state.handle_chunk(ChatCompletionChunk.model_validate_json(payload))
     return state.current_completion_snapshot.choices[0]
 
 

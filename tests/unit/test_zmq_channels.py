@@ -19,7 +19,6 @@ from minisgl.message import (
     BackendMsg,
     Codec,
     DetokenizeMsg,
-    ExitMsg,
     FrontendMsg,
     StateQueryMsg,
     TokenizerMsg,
@@ -62,7 +61,6 @@ def test_a_list_of_messages_round_trips_with_packed_ids_and_sampling_params(chan
         UserMsg.make(1, [0, 5, 511, 2**31 - 1], params),
         AbortBackendMsg(1),
         StateQueryMsg(3),
-        ExitMsg(),
     ]
     outbox.put(sent)
     got = _get_until(inbox, len(sent))

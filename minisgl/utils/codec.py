@@ -1,5 +1,5 @@
-"""Wire helpers shared by every channel: a msgpack codec for a tagged union of Structs,
-and token ids packed as a compact int32 array.
+"""Wire helpers shared by every channel (re-exported by `minisgl.message`): a msgpack codec
+for a tagged union of Structs, and token ids packed as a compact int32 array.
 
 Contract: `Codec(Union[...])` encodes one message or a list of messages and decodes exactly
 the union it was built for; anything else is a `msgspec.ValidationError`. Never pickle.
