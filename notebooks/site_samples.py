@@ -133,6 +133,14 @@ class Session:
     def post(self, body: dict):
         return self.http.post("/v1/chat/completions", json=body)
 
+    def exchange(self, name: str, path: str, body: dict):
+        """`body` posted to `path`, a 200 expected: `NAME.sh` the command, `NAME.txt` the body."""
+        self.write(f"{name}.sh", curl(path, body))
+        r = self.http.post(path, json=body)
+        assert r.status_code == 200, (name, r.status_code, r.text)
+        self.write(f"{name}.txt", r.text)
+        return r
+
     def stream_raw(self, body: dict) -> str:
         with self.http.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200, (r.status_code, r.read())
@@ -312,10 +320,8 @@ def _http_session(s: Session) -> None:
         "parallel_tool_calls": False,
         "temperature": 0,
     }
-    s.write("tools.sh", curl("/v1/chat/completions", tools))
-    r = s.post(tools)
-    assert r.status_code == 200 and r.json()["choices"][0]["message"]["tool_calls"], r.text
-    s.write("tools.txt", r.text)
+    r = s.exchange("tools", "/v1/chat/completions", tools)
+    assert r.json()["choices"][0]["message"]["tool_calls"], r.text
 
     # -------- running.md: the Responses API, and scoring a prompt (echo, max_tokens 0)
     asked = {
@@ -325,10 +331,8 @@ def _http_session(s: Session) -> None:
         "max_output_tokens": 32,
         "temperature": 0,
     }
-    s.write("responses.sh", curl("/v1/responses", asked))
-    r = s.http.post("/v1/responses", json=asked)
-    assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete"), r.text
-    s.write("responses.txt", r.text)
+    r = s.exchange("responses", "/v1/responses", asked)
+    assert r.json()["status"] in ("completed", "incomplete"), r.text
     scored = {
         "model": s.model,
         "prompt": "The capital of France is Paris",
@@ -336,10 +340,8 @@ def _http_session(s: Session) -> None:
         "logprobs": 1,
         "max_tokens": 0,
     }
-    s.write("prompt-scores.sh", curl("/v1/completions", scored))
-    r = s.http.post("/v1/completions", json=scored)
-    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"]["tokens"], r.text
-    s.write("prompt-scores.txt", r.text)
+    r = s.exchange("prompt-scores", "/v1/completions", scored)
+    assert r.json()["choices"][0]["logprobs"]["tokens"], r.text
 
     # -------- the chapter's SSE anatomy (4.4): include_usage, greedy
     body = s.chat(FRANCE, temperature=0, stream=True, stream_options={"include_usage": True})
