@@ -14,12 +14,14 @@ request may hold meanwhile.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 
-from .engine import Engine, StepHandle
+if TYPE_CHECKING:  # the engine runs these sequences; they only name its types
+    from .engine import Engine, StepHandle
 
 
 class Sequences:
