@@ -17,7 +17,7 @@ from minisgl.utils.codec import Codec, pack_ids, unpack_ids
 from .backend import AbortBackendMsg, BackendMsg, StateQueryMsg, UserMsg
 from .errors import ErrorInfo, ErrorKind
 from .frontend import FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
-from .timeline import END_EVENTS, TimelineEvent, TimelineMsg
+from .timeline import END_EVENTS, End, TimelineEvent, TimelineMsg
 from .tokenizer import (
     AbortMsg,
     BackendErrorMsg,
@@ -43,6 +43,7 @@ __all__ = [
     "LifecycleStateMsg",
     "SchedulerStateMsg",
     "END_EVENTS",
+    "End",
     "TimelineEvent",
     "TimelineMsg",
     "StateQueryMsg",

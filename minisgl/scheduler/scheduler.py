@@ -78,7 +78,7 @@ from .decode import DecodeManager
 from .pacing import PrefillPacer
 from .prefill import PrefillManager
 from .table import TableManager
-from .timeline import SchedulerTimeline
+from .timeline import SchedulerRecorder
 
 logger = logging.getLogger(__name__)
 
@@ -102,10 +102,11 @@ class Scheduler:
         self,
         engine: Engine,
         config: SchedulerConfig | None = None,
-        timeline: SchedulerTimeline | None = None,
+        timeline: SchedulerRecorder | None = None,
     ) -> None:
         self.engine = engine
-        self.timeline = timeline  # the server's request timelines; None: none recorded
+        # the server's request timelines (a SchedulerTimeline); by default none recorded
+        self.timeline = timeline if timeline is not None else SchedulerRecorder()
         self.steps = 0  # steps launched since start
         self.config = config if config is not None else SchedulerConfig()
         self.table_manager = TableManager(engine.config.max_running_requests)
@@ -215,11 +216,10 @@ class Scheduler:
     def _process(self, msg: BackendMsg) -> list[TokenizerMsg]:
         if isinstance(msg, UserMsg):
             error = self._admit(msg)
-            if self.timeline is not None:
-                if error:
-                    self.timeline.rejected(msg.uid, error.error.kind.value)
-                else:
-                    self.timeline.queued(msg.uid, msg.sampling_params.n, len(msg.input_ids))
+            if error:
+                self.timeline.rejected(msg.uid, error.error.kind.value)
+            else:
+                self.timeline.queued(msg.uid, msg.sampling_params.n, len(msg.input_ids))
             return [error] if error else []
         if isinstance(msg, AbortBackendMsg):
             self.abort_req(msg.uid, msg.index)
@@ -325,14 +325,13 @@ class Scheduler:
         ended, for the timeline: "aborted", or "error")."""
         if uid in self._building:  # its matcher is still being built: it holds nothing
             req, _ = self._building.pop(uid)
-            if self.timeline is not None:
-                self.timeline.ended(req, how, sequences=1 + req.forks_left)
+            self.timeline.ended(req, how, sequences=1 + req.forks_left)
             return [req]
         reqs = self.prefill_manager.abort_req(uid, index)
         reqs += self.decode_manager.abort_req(uid, index)
         for req in reqs:
-            if self.timeline is not None:  # one choice stopped by a stop string, or all
-                self.timeline.ended(req, how if index is None else "stop", 1 + req.forks_left)
+            # one choice stopped by a stop string, or all
+            self.timeline.ended(req, how if index is None else "stop", 1 + req.forks_left)
             req.forks_left = 0  # an aborted first choice forks no others
             req.ended = True  # a token a launched step still makes for it is dropped
             self._free_req_resources(req)
@@ -406,8 +405,7 @@ class Scheduler:
                 req.matcher = future.result()
             except GrammarError as e:
                 field = _constraint_field(req.sampling_params)
-                if self.timeline is not None:
-                    self.timeline.errored(uid, ErrorKind.INVALID_SAMPLING_VALUE.value)
+                self.timeline.errored(uid, ErrorKind.INVALID_SAMPLING_VALUE.value)
                 info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
                 errors.append(BackendErrorMsg(uid, info))
                 continue
@@ -431,8 +429,7 @@ class Scheduler:
             return None
         sampling = batch.sampling_reqs  # decided before cached_len moves
         self.steps += 1
-        if self.timeline is not None:  # the step's start, before the forward pass
-            self._record_step(batch)
+        self.timeline.step(batch, self.steps)  # the step's start, before the forward pass
         started = time.perf_counter()
         handle = self.engine.launch(batch)
         if self.engine.device.type == "cpu":  # the step has run: its time tells the speed
@@ -463,14 +460,6 @@ class Scheduler:
             self.decode_manager.add_req(req)
         return _Launched(sampling, handle, sampling[batch.decodes :], scoring, prefilled)
 
-    def _record_step(self, batch: Batch) -> None:
-        """The step's prefill chunks and its token count, in the request timelines."""
-        tokens = batch.decodes
-        for req in batch.reqs[batch.decodes :]:
-            tokens += req.extend_len
-            self.timeline.prefill(req, req.extend_len, self.steps, req.cached_len)
-        self.timeline.step(tokens)
-
     # --8<-- [start:finish_step]
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: one reply per sequence that had not ended."""
@@ -499,10 +488,7 @@ class Scheduler:
         for req in launched.prefilled:
             if not req.ended:
                 replies += self._end_prefilled(req)
-        if self.timeline is not None:  # sequences that sampled from their prompt
-            for req in launched.first:
-                if req.output_len:
-                    self.timeline.first_token(req)
+        self.timeline.first_tokens(launched.first)  # sequences that sampled from their prompt
         return replies
 
     # --8<-- [end:finish_step]
@@ -536,8 +522,8 @@ class Scheduler:
     def _end(self, req: Req) -> None:
         """A finished sequence leaves whichever manager holds it and frees what it holds."""
         req.ended = True
-        if self.timeline is not None:  # with the choices it never forked (max_tokens 0)
-            self.timeline.ended(req, req.finish_reason or "stop", sequences=1 + req.forks_left)
+        # with the choices it never forked (max_tokens 0)
+        self.timeline.ended(req, req.finish_reason or "stop", sequences=1 + req.forks_left)
         req.forks_left = 0
         self.cache_manager.insert(req)  # the next turn of a conversation starts with it
         if req.key in self.decode_manager.running:
@@ -555,8 +541,7 @@ class Scheduler:
         )
         if preempted:
             self.num_preemptions += len(preempted)
-            if self.timeline is not None:
-                self.timeline.preempted(preempted)
+            self.timeline.preempted(preempted)
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
@@ -600,8 +585,7 @@ class Scheduler:
             msgs = io.receive(blocking=not self.has_work)
             replies = self.process_msgs(msgs) if msgs else []
             replies += self.advance()
-            timeline = self.timeline
-            if timeline is not None and timeline.due(timeline.clock(), idle=not self.has_work):
+            if self.timeline.due(idle=not self.has_work):
                 replies.append(self.timeline_batch())
             if replies:
                 io.send(replies)

@@ -1,8 +1,9 @@
 """SchedulerTimeline: the scheduler's part of every request's timeline.
 
-Contract: the scheduler calls it where a request's life changes (queued, each prefill
+Contract: the scheduler holds a `SchedulerRecorder`, whose methods do nothing (no
+timelines: the offline API, tests), or a `SchedulerTimeline`, and calls it where a request's life changes (queued, each prefill
 chunk, first token, preempted, each sequence's end) and once per step with the step's
-token count; `due(now, idle)` says whether a batch should go out now (every FLUSH_S while
+token count; `due(idle)` says whether a batch should go out now (every FLUSH_S while
 busy, at once when the scheduler goes idle), and `flush(running, kv)` returns it as a
 `TimelineMsg` (None when there is nothing to say). Nothing here runs per token: decode
 progress is counted at flush time, from the running sequences' lengths, as one "decode"
@@ -23,10 +24,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from minisgl.core import Req
-from minisgl.message import TimelineEvent, TimelineMsg
-
-SCHEDULER = "scheduler"
+from minisgl.core import Batch, Req
+from minisgl.message import TimelineMsg
+from minisgl.message.timeline import (
+    SCHEDULER,
+    Aborted,
+    CacheHit,
+    Decode,
+    End,
+    Errored,
+    Finished,
+    FirstToken,
+    Preempted,
+    PrefillChunk,
+    Queued,
+    Readmitted,
+    TimelineEvent,
+)
 
 
 @dataclass
@@ -41,7 +55,40 @@ class _Life:
     unreported: int = 0  # decode tokens of ended sequences not in a decode event yet
 
 
-class SchedulerTimeline:
+class SchedulerRecorder:
+    """The hooks the scheduler calls where a request's life changes; these record nothing
+    (the scheduler's default: no timelines, nothing to flush)."""
+
+    def queued(self, uid: int, n: int, prompt_tokens: int) -> None:
+        pass
+
+    def rejected(self, uid: int, kind: str) -> None:
+        pass
+
+    def errored(self, uid: int, kind: str) -> None:
+        pass
+
+    def step(self, batch: Batch, step: int) -> None:
+        """A step is launched: its prefill chunks and its token count."""
+
+    def first_tokens(self, reqs: list[Req]) -> None:
+        """The sequences that sampled from their prompt in a step that has been read."""
+
+    def preempted(self, reqs: list[Req]) -> None:
+        pass
+
+    def ended(self, req: Req, how: str, sequences: int = 1) -> None:
+        pass
+
+    def due(self, idle: bool) -> bool:
+        """Whether a batch should go out now (see `flush`)."""
+        return False
+
+    def flush(self, running: list[Req], kv: tuple[int, int, int]) -> TimelineMsg:
+        return TimelineMsg([])
+
+
+class SchedulerTimeline(SchedulerRecorder):
     FLUSH_S = 0.2
 
     def __init__(self, detailed: bool = True, clock=time.monotonic) -> None:
@@ -52,25 +99,21 @@ class SchedulerTimeline:
         self.lives: dict[int, _Life] = {}
         self._last_flush = clock()
 
-    def _event(self, uid: int, event: str, t: float, **detail) -> None:
-        self.events.append(TimelineEvent(uid, SCHEDULER, event, t, detail or None))
-
     # ------------------------------------------------------------ a request's life
     def queued(self, uid: int, n: int, prompt_tokens: int) -> None:
         now = self.clock()
         self.lives[uid] = _Life(n, now)
-        self._event(uid, "queued", now, prompt_tokens=prompt_tokens, n=n)
+        self.events.append(Queued(uid, SCHEDULER, now, prompt_tokens=prompt_tokens, n=n))
 
     def rejected(self, uid: int, kind: str) -> None:
         """Refused at admission: queued and ended in one."""
         now = self.clock()
-        self._event(uid, "queued", now)
-        self._event(uid, "error", now, kind=kind)
+        self.events += [Queued(uid, SCHEDULER, now), Errored(uid, SCHEDULER, now, kind=kind)]
 
     def errored(self, uid: int, kind: str) -> None:
         """Queued, then refused before its first prefill chunk (its grammar)."""
         if self.lives.pop(uid, None) is not None:
-            self._event(uid, "error", self.clock(), kind=kind)
+            self.events.append(Errored(uid, SCHEDULER, self.clock(), kind=kind))
 
     def prefill(self, req: Req, tokens: int, step: int, cached: int) -> None:
         """One prefill chunk of `tokens` tokens, from position `cached`, in step `step`."""
@@ -81,19 +124,32 @@ class SchedulerTimeline:
         if life.first_prefill is None:
             life.first_prefill = now
             if cached and self.detailed:  # the prefix cache gave the first `cached` tokens
-                self._event(req.uid, "cache_hit", now, tokens=cached)
+                self.events.append(CacheHit(req.uid, SCHEDULER, now, tokens=cached))
         if life.waiting_readmit:
             life.waiting_readmit = False
             if self.detailed:
-                self._event(req.uid, "readmitted", now)
+                self.events.append(Readmitted(req.uid, SCHEDULER, now))
         if self.detailed:
-            self._event(req.uid, "prefill", now, step=step, tokens=tokens, index=req.index)
+            chunk = PrefillChunk(req.uid, SCHEDULER, now, step=step, tokens=tokens, index=req.index)
+            self.events.append(chunk)
+
+    def step(self, batch: Batch, step: int) -> None:
+        tokens = batch.decodes
+        for req in batch.reqs[batch.decodes :]:
+            tokens += req.extend_len
+            self.prefill(req, req.extend_len, step, req.cached_len)
+        self.step_tokens.append(tokens)
+
+    def first_tokens(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            if req.output_len:
+                self.first_token(req)
 
     def first_token(self, req: Req) -> None:
         life = self.lives.get(req.uid)
         if life is not None and life.first_token is None:
             life.first_token = self.clock()
-            self._event(req.uid, "first_token", life.first_token)
+            self.events.append(FirstToken(req.uid, SCHEDULER, life.first_token))
 
     def preempted(self, reqs: list[Req]) -> None:
         now = self.clock()
@@ -103,7 +159,7 @@ class SchedulerTimeline:
                 continue
             life.preemptions += 1
             life.waiting_readmit = True
-            self._event(req.uid, "preempted", now, index=req.index)
+            self.events.append(Preempted(req.uid, SCHEDULER, now, index=req.index))
 
     def ended(self, req: Req, how: str, sequences: int = 1) -> None:
         """`sequences` of `req`'s request ended (`how`: a finish reason, "stop" for a stop
@@ -122,27 +178,27 @@ class SchedulerTimeline:
         now = self.clock()
         if self.detailed and life.unreported > 0:  # the last tokens, then the end
             start = max(self._last_flush, life.first_token or self._last_flush)
-            self._event(req.uid, "decode", start, tokens=life.unreported)
-            self.events[-1].t_end = now
-        timing = {"preemptions": life.preemptions}
-        if life.first_prefill is not None:
-            timing["queue_s"] = life.first_prefill - life.queued
-            if life.first_token is not None:
-                timing["prefill_s"] = life.first_token - life.first_prefill
-                timing["decode_s"] = now - life.first_token
-        if how in ("aborted", "error"):
-            self._event(req.uid, how, now, **timing)
+            self.events.append(Decode(req.uid, SCHEDULER, start, life.unreported, now))
+        end: End
+        if how == "aborted":
+            end = Aborted(req.uid, SCHEDULER, now)
+        elif how == "error":
+            end = Errored(req.uid, SCHEDULER, now)
         else:
-            self._event(req.uid, "finished", now, reason=life.reason, **timing)
+            end = Finished(req.uid, SCHEDULER, now, reason=life.reason)
+        end.preemptions = life.preemptions
+        if life.first_prefill is not None:
+            end.queue_s = life.first_prefill - life.queued
+            if life.first_token is not None:
+                end.prefill_s = life.first_token - life.first_prefill
+                end.decode_s = now - life.first_token
+        self.events.append(end)
 
     # ------------------------------------------------------------ batching
-    def step(self, tokens: int) -> None:
-        self.step_tokens.append(tokens)
-
-    def due(self, now: float, idle: bool) -> bool:
+    def due(self, idle: bool) -> bool:
         if not (self.events or self.step_tokens):
             return False
-        return idle or now - self._last_flush >= self.FLUSH_S
+        return idle or self.clock() - self._last_flush >= self.FLUSH_S
 
     def flush(self, running: list[Req], kv: tuple[int, int, int]) -> TimelineMsg:
         """The batch since the last one: events, decode progress, step sizes, KV pages."""
@@ -157,8 +213,8 @@ class SchedulerTimeline:
             for uid, tokens in progress.items():
                 life = self.lives.get(uid)
                 first = life.first_token if life and life.first_token else self._last_flush
-                self._event(uid, "decode", max(first, self._last_flush), tokens=tokens)
-                self.events[-1].t_end = now
+                start = max(first, self._last_flush)
+                self.events.append(Decode(uid, SCHEDULER, start, tokens, now))
         msg = TimelineMsg(self.events, self.step_tokens, (now, *kv))
         self.events, self.step_tokens, self._last_flush = [], [], now
         return msg

@@ -45,12 +45,13 @@ from minisgl.message import (
     TokenizerMsg,
     UserReply,
 )
+from minisgl.message.timeline import API, Aborted, End, Errored, Finished, FirstOutput
 
 from .buffer import Output, ReplyBuffer
 from .errors import RequestFailed, error_code
 from .metrics import Outcome, ServerMetrics
 from .middleware import arrival_var, request_id_var
-from .timelines import Timelines
+from .timelines import NoTimelines, Timelines
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,19 @@ class RequestState:
             return Outcome.ABORTED_SLOW_CLIENT, ""
         return Outcome.ABORTED_CLIENT, ""
 
+    def end_event(self, outcome: Outcome, code: str, t: float) -> End:
+        """The API server's end of the request's timeline at `t`, from its `outcome()`."""
+        error = self.buffer.error
+        if outcome is Outcome.FINISHED:
+            return Finished(self.uid, API, t, reason=self.buffer.choices[0].finish_reason)
+        if outcome is Outcome.ABORTED_CLIENT:
+            return Aborted(self.uid, API, t, by="client_disconnect")
+        if outcome is Outcome.ABORTED_SLOW_CLIENT:
+            return Aborted(self.uid, API, t, by="stall" if error is None else "slow_client")
+        if error is not None and error.kind is ErrorKind.SHUTTING_DOWN:
+            return Aborted(self.uid, API, t, by="shutdown")
+        return Errored(self.uid, API, t, code=code, kind=error.kind.value if error else None)
+
 
 class FrontendManager:
     def __init__(
@@ -117,7 +131,7 @@ class FrontendManager:
         self.report_cached_tokens = report_cached_tokens  # usage.prompt_tokens_details
         self.max_concurrent = max_concurrent
         self.metrics = metrics
-        self.timelines = timelines
+        self.timelines = timelines if timelines is not None else NoTimelines()
         # why a worker process cannot serve now (the supervisor's heartbeats), or None
         self.worker_fault = worker_fault or (lambda: None)
         self.draining = False  # set on SIGTERM: finish what runs, take nothing new
@@ -187,8 +201,7 @@ class FrontendManager:
             raise
         arrival, endpoint = arrival_var.get() or (state.created_at, "-")
         state.arrival = arrival
-        if self.timelines is not None:
-            self.timelines.start(state.uid, state.request_id, endpoint, arrival, admitted)
+        self.timelines.start(state.uid, state.request_id, endpoint, arrival, admitted)
         try:
             yield state
         finally:
@@ -203,28 +216,13 @@ class FrontendManager:
     def _on_end(self, state: RequestState, ended: float) -> None:
         """Tell the metrics and the timeline how the request ended."""
         outcome, code = state.outcome()
-        error = state.buffer.error
         if self.metrics is not None:
             self.metrics.on_request_end(outcome, code)
             if outcome is Outcome.FINISHED:
                 self.metrics.on_finished(ended - state.arrival)
-        if self.timelines is None:
-            return
-        detail: dict[str, str | None]
-        if outcome is Outcome.FINISHED:
-            event, detail = "finished", {"reason": state.buffer.choices[0].finish_reason}
-        elif outcome is Outcome.ABORTED_CLIENT:
-            event, detail = "aborted", {"by": "client_disconnect"}
-        elif outcome is Outcome.ABORTED_SLOW_CLIENT:
-            event, detail = "aborted", {"by": "stall" if error is None else "slow_client"}
-        elif error is not None and error.kind is ErrorKind.SHUTTING_DOWN:
-            event, detail = "aborted", {"by": "shutdown"}
-        else:
-            event, detail = "error", {"code": code, "kind": error.kind.value if error else None}
         buffer = state.buffer
-        self.timelines.end(
-            state.uid, event, ended, buffer.prompt_tokens, buffer.completion_tokens, **detail
-        )
+        end = state.end_event(outcome, code, ended)
+        self.timelines.end(end, buffer.prompt_tokens, buffer.completion_tokens)
 
     def debug_requests(self, **query) -> dict:
         """GET /debug/requests: the timelines of requests in flight and recently ended
@@ -233,8 +231,7 @@ class FrontendManager:
             uid: (s.buffer.prompt_tokens, s.buffer.completion_tokens)
             for uid, s in self.states.items()
         }
-        store = self.timelines or Timelines(history=0)  # none: an empty store's answer
-        return store.snapshot(counts, **query)
+        return self.timelines.snapshot(counts, **query)
 
     # --8<-- [start:listen]
     # --8<-- [start:listen_loop]
@@ -257,8 +254,7 @@ class FrontendManager:
                     self._count_tokens(state, msg)
                 if not state.got_output and msg.completion_tokens:
                     state.got_output = True
-                    if self.timelines is not None:
-                        self.timelines.record(state.uid, "first_output")
+                    self.timelines.record(state.uid, FirstOutput)
                 if state.buffer.append(msg):
                     state.event.set()
                 if msg.finished:
@@ -270,8 +266,7 @@ class FrontendManager:
     # --8<-- [end:listen]
 
     def _on_timeline(self, msg: TimelineMsg) -> None:
-        if self.timelines is not None:
-            self.timelines.add(msg)
+        self.timelines.add(msg)
         if self.metrics is not None:
             self.metrics.on_timeline(msg)
 

@@ -20,6 +20,7 @@ import enum
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from minisgl.message import TimelineMsg
+from minisgl.message.timeline import SCHEDULER, Finished, Preempted
 
 # the parts of the CUDA fast path the engine's self-check can fall back from
 # (engine/selfcheck.py): the Triton attention backend, the decode CUDA graphs, overlap
@@ -165,16 +166,15 @@ class ServerMetrics:
         for tokens in msg.step_tokens:
             self.step_tokens.observe(tokens)
         for e in msg.events:
-            if e.process != "scheduler":
+            if e.process != SCHEDULER:
                 continue
-            if e.event == "preempted":
+            if isinstance(e, Preempted):
                 self.preemptions.inc()
-            elif e.event == "finished" and e.detail and "decode_s" in e.detail:
-                d = e.detail
-                self.queue_time.observe(d["queue_s"])
-                self.prefill_time.observe(d["prefill_s"])
-                self.decode_time.observe(d["decode_s"])
-                self.inference_time.observe(d["prefill_s"] + d["decode_s"])
+            elif isinstance(e, Finished) and e.timed:
+                self.queue_time.observe(e.queue_s)
+                self.prefill_time.observe(e.prefill_s)
+                self.decode_time.observe(e.decode_s)
+                self.inference_time.observe(e.prefill_s + e.decode_s)
 
     def on_rejected(self, code: str) -> None:
         self.requests.labels("error", code).inc()

@@ -1,14 +1,16 @@
 """Timelines: the API server's record of each request's life in all three processes.
 
 Contract: `start(uid, ...)` opens a request's timeline when its scope begins (with when
-the HTTP request came in and when its TokenizeMsg went out); `record(uid, event, ...)` adds an event of the API
-server; `add(msg)` adds a batch of the workers' events (`TimelineMsg`); `end(uid, event,
-...)` records the API server's end and moves the timeline to the ring of ended ones, which
+the HTTP request came in and when its TokenizeMsg went out); `record(uid, Kind, ...)`
+adds an event of the API server (the Recorder interface of message/timeline.py);
+`add(msg)` adds a batch of the workers' events (`TimelineMsg`); `end(event, ...)` records
+the API server's end (an `End`) and moves the timeline to the ring of ended ones, which
 keeps the last `history` (0: none). Workers' events that come after the API server's end
 still join their timeline while it is in the ring; events for a uid that is in neither
-are dropped. Within one process, an end event ("finished", "aborted", "error") is the
+are dropped. Within one process, an end event (`Finished`, `Aborted`, `Errored`) is the
 last: an event after it is not recorded but counted (`late_events`), so that a test can
-prove there are none.
+prove there are none. `NoTimelines` records nothing and answers as an empty store (the
+FrontendManager's default).
 
 Consecutive "decode" spans of the scheduler are merged into one, so a long request keeps
 a handful of events, not one per flush. The KV page samples that come with the
@@ -29,9 +31,18 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from minisgl.message import END_EVENTS, TimelineEvent, TimelineMsg
+from minisgl.message import TimelineMsg
+from minisgl.message.timeline import (
+    API,
+    Admitted,
+    AnyEvent,
+    Decode,
+    End,
+    Received,
+    Recorder,
+    TimelineEvent,
+)
 
-API = "api"
 KV_WINDOW_S = 300.0
 
 
@@ -41,31 +52,31 @@ class Timeline:
     request_id: str
     endpoint: str
     arrival: float  # time.monotonic() when the HTTP request came in
-    events: list[TimelineEvent] = field(default_factory=list)
+    events: list[AnyEvent] = field(default_factory=list)
     ended: set[str] = field(default_factory=set)  # processes whose end is recorded
     prompt_tokens: int = 0
     output_tokens: int = 0
     seq: int = 0  # once ended: how many requests had ended before it, plus one
 
-    def add(self, event: TimelineEvent) -> bool:
+    def add(self, event: AnyEvent) -> bool:
         """Add `event`; False if its process has already ended this request."""
         if event.process in self.ended:
             return False
-        last = next((e for e in reversed(self.events) if e.process == event.process), None)
-        if event.event == "decode" and last is not None and last.event == "decode":
-            # one span of decoding, however many batches reported it
-            last.t_end = event.t_end
-            last.detail = {"tokens": (last.detail or {}).get("tokens", 0) + _tokens(event)}
-            return True
+        if isinstance(event, Decode):
+            last = next((e for e in reversed(self.events) if e.process == event.process), None)
+            if isinstance(last, Decode):  # one span of decoding, however many batches
+                last.t_end = event.t_end
+                last.tokens += event.tokens
+                return True
         self.events.append(event)
-        if event.event in END_EVENTS:
+        if isinstance(event, End):
             self.ended.add(event.process)
         return True
 
     def state(self) -> str:
-        """running, or how the API server ended it."""
+        """running, or how the API server ended it (its end event's name)."""
         for event in reversed(self.events):
-            if event.process == API and event.event in END_EVENTS:
+            if event.process == API and isinstance(event, End):
                 return event.event
         return "running"
 
@@ -77,10 +88,9 @@ class Timeline:
                 "event": e.event,
                 "t": round(e.t - self.arrival, 6),
             }
-            if e.t_end is not None:
+            if isinstance(e, Decode) and e.t_end is not None:
                 item["t_end"] = round(e.t_end - self.arrival, 6)
-            if e.detail:
-                item.update(e.detail)
+            item.update(e.detail())
             events.append(item)
         item = {
             "uid": self.uid,
@@ -96,11 +106,7 @@ class Timeline:
         return item
 
 
-def _tokens(event: TimelineEvent) -> int:
-    return int((event.detail or {}).get("tokens", 0))
-
-
-class Timelines:
+class Timelines(Recorder):
     def __init__(self, history: int, clock=time.monotonic) -> None:
         self.history = history
         self.clock = clock
@@ -115,18 +121,18 @@ class Timelines:
     ) -> None:
         """`arrival`: the HTTP request came in; `admitted`: its TokenizeMsg went out."""
         timeline = Timeline(uid, request_id, endpoint, arrival)
-        timeline.add(TimelineEvent(uid, API, "received", arrival))
-        timeline.add(TimelineEvent(uid, API, "admitted", admitted))
+        timeline.add(Received(uid, API, arrival))
+        timeline.add(Admitted(uid, API, admitted))
         self.live[uid] = timeline
 
     def _find(self, uid: int) -> Timeline | None:
         return self.live.get(uid) or self.done.get(uid)
 
-    def record(self, uid: int, event: str, **detail: Any) -> None:
+    def record(self, uid: int, event: type[TimelineEvent], /, **detail: Any) -> None:
         """An event of the API server itself, now."""
         timeline = self.live.get(uid)
         if timeline is not None:
-            timeline.add(TimelineEvent(uid, API, event, self.clock(), detail or None))
+            timeline.add(event(uid, API, self.clock(), **detail))
 
     def add(self, msg: TimelineMsg) -> None:
         for event in msg.events:
@@ -138,25 +144,18 @@ class Timelines:
             while self.kv and msg.kv[0] - self.kv[0][0] > KV_WINDOW_S:
                 self.kv.popleft()
 
-    def end(
-        self,
-        uid: int,
-        event: str,
-        t: float,
-        prompt_tokens: int,
-        output_tokens: int,
-        **detail: Any,
-    ) -> Timeline | None:
-        """The API server's end of a request at `t`; its timeline joins the ended ones."""
-        timeline = self.live.pop(uid, None)
+    def end(self, end: End, prompt_tokens: int, output_tokens: int) -> Timeline | None:
+        """The API server's end of a request (an End of process API); its timeline joins
+        the ended ones."""
+        timeline = self.live.pop(end.uid, None)
         if timeline is None:
             return None
         timeline.prompt_tokens, timeline.output_tokens = prompt_tokens, output_tokens
-        timeline.add(TimelineEvent(uid, API, event, t, detail or None))
+        timeline.add(end)
         self.ended_count += 1
         timeline.seq = self.ended_count
         if self.history > 0:
-            self.done[uid] = timeline
+            self.done[end.uid] = timeline
             while len(self.done) > self.history:
                 self.done.popitem(last=False)
         return timeline
@@ -204,3 +203,22 @@ class Timelines:
                 (round(t - now, 3), used, cached, total) for t, used, cached, total in self.kv
             ],
         }
+
+
+class NoTimelines(Timelines):
+    """Records nothing: the snapshot is an empty store's."""
+
+    def __init__(self) -> None:
+        super().__init__(history=0)
+
+    def start(self, uid, request_id, endpoint, arrival, admitted) -> None:
+        pass
+
+    def record(self, uid, event, /, **detail) -> None:
+        pass
+
+    def add(self, msg: TimelineMsg) -> None:
+        pass
+
+    def end(self, end: End, prompt_tokens: int, output_tokens: int) -> None:
+        pass

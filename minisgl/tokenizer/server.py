@@ -22,7 +22,7 @@ Contract (per uid):
   and goes to the API server together with this worker's own counts.
 - TimelineMsg (the scheduler's timeline events): passed on to the API server, with this
   worker's own events (tokenized, first output, stop string, and its end: finished,
-  aborted or error) added, in the batch that goes out after the messages that caused them.
+  aborted or error; recorded by its `recorder`, an EventLog when timelines are on) added, in the batch that goes out after the messages that caused them.
 Consecutive DetokenizeMsgs are decoded in one batched tokenizer call.
 """
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,7 +51,6 @@ from minisgl.message import (
     LifecycleStateMsg,
     SchedulerStateMsg,
     StateQueryMsg,
-    TimelineEvent,
     TimelineMsg,
     TokenInfo,
     TokenizeMsg,
@@ -60,6 +58,18 @@ from minisgl.message import (
     UserMsg,
     UserReply,
     unpack_ids,
+)
+from minisgl.message.timeline import (
+    TOKENIZER,
+    Aborted,
+    Compiled,
+    Errored,
+    EventLog,
+    Finished,
+    FirstOutput,
+    Recorder,
+    StopString,
+    Tokenized,
 )
 from minisgl.utils.worker import ParentWatch, Serving, run_worker
 
@@ -118,7 +128,7 @@ class TokenizerWorker:
         tokenizer,
         send_backend: Callable[[list[BackendMsg]], None],
         send_frontend: Callable[[list[FrontendMsg]], None],
-        timeline: bool = False,
+        recorder: Recorder | None = None,
         compiler=None,
         grammar_max_bytes: int = 1 << 17,
         max_seq_len: int | None = None,
@@ -128,8 +138,9 @@ class TokenizerWorker:
         self.detokenize_manager = DetokenizeManager(tokenizer)
         self.send_backend = send_backend
         self.send_frontend = send_frontend
-        self.timeline = timeline  # record this worker's own timeline events
-        self._batch = TimelineMsg([])  # events to pass on with the next send
+        # this worker's own timeline events (an EventLog); by default none are recorded
+        self.recorder = recorder if recorder is not None else Recorder()
+        self._batch = TimelineMsg([])  # the scheduler's events to pass on with the next send
         # grammar/pool.py's GrammarCompiler, or a function that makes one when it is first
         # needed (offline: no compile process until a request is constrained); None: none
         self.compiler = None if callable(compiler) else compiler
@@ -150,14 +161,9 @@ class TokenizerWorker:
         self._prompt_thread: ThreadPoolExecutor | None = None
         self._wake_read = self._wake_write = -1
 
-    def _event(self, uid: int, event: str, **detail) -> None:
-        if self.timeline:
-            self._batch.events.append(
-                TimelineEvent(uid, "tokenizer", event, time.monotonic(), detail or None)
-            )
-
     def _take_timeline(self) -> list[FrontendMsg]:
         batch = self._batch
+        batch.events += self.recorder.take()
         if not (batch.events or batch.step_tokens or batch.kv):
             return []
         self._batch = TimelineMsg([])
@@ -165,6 +171,7 @@ class TokenizerWorker:
 
     def _pass_on(self, msg: TimelineMsg) -> None:
         """The scheduler's timeline batch joins this worker's."""
+        self._batch.events += self.recorder.take()  # in order: its own events until now
         self._batch.events += msg.events
         self._batch.step_tokens += msg.step_tokens
         self._batch.kv = msg.kv or self._batch.kv
@@ -209,7 +216,7 @@ class TokenizerWorker:
             elif isinstance(msg, AbortMsg):
                 uid = msg.uid
                 if uid in self.detokenize_manager.decode_map or self._preparing(uid):
-                    self._event(uid, "aborted")
+                    self.recorder.record(uid, Aborted)
                 self.detokenize_manager.remove(uid)  # the decode state goes too
                 self._tokenizing.pop(uid, None)  # its tokens are dropped when they come
                 if self._compiling.pop(uid, None) is not None:
@@ -306,7 +313,7 @@ class TokenizerWorker:
 
     def _tokenized(self, msg: TokenizeMsg, ids: list[int], to_frontend) -> list[BackendMsg]:
         """The prompt's tokens are known: compile its constraints, or send it on."""
-        self._event(msg.uid, "tokenized", prompt_tokens=len(ids))
+        self.recorder.record(msg.uid, Tokenized, prompt_tokens=len(ids))
         job = self._compile_job(msg)
         if job is None:
             return self._admit(msg, ids, to_frontend)
@@ -355,7 +362,7 @@ class TokenizerWorker:
 
     def _refuse(self, uid: int, error: ErrorInfo, to_frontend: list[FrontendMsg]) -> list:
         """A request that cannot start: one error reply, no decode state, nothing sent on."""
-        self._event(uid, "error", kind=error.kind.value)
+        self.recorder.record(uid, Errored, kind=error.kind.value)
         to_frontend.append(UserReply(uid, finished=True, error=error))
         return []
 
@@ -425,7 +432,7 @@ class TokenizerWorker:
     def _compile_done(self, waiting: _Compiling, grammar, failed, error, to_frontend) -> list:
         uid = waiting.msg.uid
         if error is None:
-            self._event(uid, "compiled")
+            self.recorder.record(uid, Compiled)
             return self._admit(waiting.msg, waiting.ids, to_frontend, grammar)
         param, where = waiting.fields[failed]
         if not where and not error.startswith("not a usable"):  # a crash or a time limit
@@ -459,13 +466,13 @@ class TokenizerWorker:
         for msg, decoded, info in zip(run, decoded_run, token_infos):
             if decoded is None:
                 continue  # late token of an aborted request or stopped choice: dropped
-            if self.timeline and decoded.completion_tokens == 1 and msg.index == 0:
-                self._event(msg.uid, "first_output")
+            if decoded.completion_tokens == 1 and msg.index == 0:
+                self.recorder.record(msg.uid, FirstOutput)
             if decoded.stop_hit:  # a stop string ended this choice: the scheduler stops it
                 to_backend.append(AbortBackendMsg(msg.uid, msg.index))
-                self._event(msg.uid, "stop_string", index=msg.index)
+                self.recorder.record(msg.uid, StopString, index=msg.index)
             if decoded.finished:
-                self._event(msg.uid, "finished", reason=decoded.finish_reason)
+                self.recorder.record(msg.uid, Finished, reason=decoded.finish_reason)
             replies.append(
                 UserReply(
                     msg.uid,
@@ -552,7 +559,7 @@ class TokenizerWorker:
         if state is None:
             return []  # already aborted: the API server has forgotten this uid
         self.detokenize_manager.remove(msg.uid)
-        self._event(msg.uid, "error", kind=msg.error.kind.value)
+        self.recorder.record(msg.uid, Errored, kind=msg.error.kind.value)
         generated = sum(c.tokens for c in state.choices)
         return [
             UserReply(
@@ -593,7 +600,7 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
             tokenizer,
             to_scheduler.put,
             to_api.put,
-            timeline=args.debug_history > 0,
+            recorder=EventLog(TOKENIZER) if args.debug_history > 0 else None,
             compiler=compiler,
             grammar_max_bytes=args.grammar_max_bytes,
             max_seq_len=context,

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from tiny import make_tokenizer, tiny_cpu_engine
 
-from minisgl.core import SamplingParams
+from minisgl.core import Batch, SamplingParams
 from minisgl.message import (
     END_EVENTS,
     AbortBackendMsg,
@@ -20,11 +20,22 @@ from minisgl.message import (
     DetokenizeMsg,
     ErrorInfo,
     ErrorKind,
-    TimelineEvent,
     TimelineMsg,
     TokenizeMsg,
     UserMsg,
     UserReply,
+)
+from minisgl.message.timeline import (
+    TOKENIZER,
+    Aborted,
+    AnyEvent,
+    Decode,
+    End,
+    EventLog,
+    Finished,
+    FirstOutput,
+    PrefillChunk,
+    Queued,
 )
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.config import SchedulerConfig
@@ -50,14 +61,14 @@ def test_the_ring_of_ended_timelines_is_bounded_and_late_events_find_theirs():
     store = Timelines(history=3, clock=clock)
     for uid in range(5):
         store.start(uid, f"r{uid}", "/v1/completions", clock(), clock())
-        store.end(uid, "finished", clock(), 4, 2, reason="stop")
+        store.end(Finished(uid, "api", clock(), reason="stop"), 4, 2)
     snap = store.snapshot({})
     assert [t["uid"] for t in snap["ended"]] == [4, 3, 2]  # newest first, three kept
     assert snap["in_flight"] == []
     # the scheduler's end comes after the API server's: it joins its timeline in the ring;
     # for an evicted uid it is dropped, not an error
-    store.add(TimelineMsg([TimelineEvent(4, "scheduler", "finished", clock()),
-                           TimelineEvent(0, "scheduler", "finished", clock())]))  # fmt: skip
+    store.add(TimelineMsg([Finished(4, "scheduler", clock()),
+                           Finished(0, "scheduler", clock())]))  # fmt: skip
     (t4,) = [t for t in store.snapshot({})["ended"] if t["uid"] == 4]
     assert [e["event"] for e in t4["events"]] == ["received", "admitted", "finished", "finished"]
     assert store.late_events == 0
@@ -69,14 +80,14 @@ def test_an_answer_is_bounded_by_limit_and_since_asks_for_what_is_new():
     for uid in range(300):
         store.start(uid, f"r{uid}", "/v1/completions", clock(), clock())
         if uid < 290:  # ten stay in flight
-            store.end(uid, "finished", clock(), 4, 2, reason="stop")
+            store.end(Finished(uid, "api", clock(), reason="stop"), 4, 2)
     snap = store.snapshot({}, limit=50)
     assert len(snap["ended"]) == 50 and len(snap["in_flight"]) == 10
     assert [t["seq"] for t in snap["ended"][:3]] == [290, 289, 288]  # newest first
     assert (snap["ended_total"], snap["in_flight_total"]) == (290, 10)
     assert store.snapshot({}, limit=5)["in_flight"][-1]["uid"] == 294  # in flight too
     assert store.snapshot({}, since=290)["ended"] == []  # nothing ended since
-    store.end(295, "aborted", clock(), 4, 0)
+    store.end(Aborted(295, "api", clock()), 4, 0)
     new = store.snapshot({}, since=290)["ended"]
     assert [(t["uid"], t["seq"]) for t in new] == [(295, 291)]
     (one,) = store.snapshot({}, request_id="r7")["ended"]
@@ -87,12 +98,12 @@ def test_nothing_is_recorded_after_a_process_ends_a_request():
     clock = Clock()
     store = Timelines(history=8, clock=clock)
     store.start(7, "r", "/v1/chat/completions", clock(), clock())
-    store.add(TimelineMsg([TimelineEvent(7, "scheduler", "aborted", clock()),
-                           TimelineEvent(7, "scheduler", "decode", clock(), {"tokens": 1})]))  # fmt: skip
-    store.record(7, "first_output")
-    store.end(7, "aborted", clock(), 3, 1, by="client_disconnect")
-    store.record(7, "first_output")  # ended: not live any more
-    store.add(TimelineMsg([TimelineEvent(7, "api", "finished", clock())]))
+    store.add(TimelineMsg([Aborted(7, "scheduler", clock()),
+                           Decode(7, "scheduler", clock(), tokens=1)]))  # fmt: skip
+    store.record(7, FirstOutput)
+    store.end(Aborted(7, "api", clock(), by="client_disconnect"), 3, 1)
+    store.record(7, FirstOutput)  # ended: not live any more
+    store.add(TimelineMsg([Finished(7, "api", clock())]))
     events = store.snapshot({})["ended"][0]["events"]
     assert [(e["process"], e["event"]) for e in events] == [
         ("api", "received"), ("api", "admitted"), ("scheduler", "aborted"),
@@ -106,11 +117,9 @@ def test_decode_spans_of_one_process_merge():
     clock = Clock()
     store = Timelines(history=8, clock=clock)
     store.start(1, "r", "/v1/completions", clock(), clock())
-    spans = [
-        TimelineEvent(1, "scheduler", "decode", clock(), {"tokens": 5}, clock()) for _ in range(4)
-    ]
+    spans = [Decode(1, "scheduler", clock(), tokens=5, t_end=clock()) for _ in range(4)]
     store.add(TimelineMsg(spans[:2]))
-    store.add(TimelineMsg([TimelineEvent(1, "tokenizer", "first_output", clock()), *spans[2:]]))
+    store.add(TimelineMsg([FirstOutput(1, "tokenizer", clock()), *spans[2:]]))
     (decode,) = [e for e in store.snapshot({})["in_flight"][0]["events"] if e["event"] == "decode"]
     assert decode["tokens"] == 20
     assert decode["t"] < decode["t_end"] and decode["t_end"] == pytest.approx(
@@ -131,7 +140,7 @@ def test_history_zero_keeps_only_what_is_in_flight():
     store = Timelines(history=0)
     store.start(1, "r", "/v1/completions", 1.0, 1.0)
     assert len(store.snapshot({})["in_flight"]) == 1
-    store.end(1, "finished", 2.0, 1, 1)
+    store.end(Finished(1, "api", 2.0), 1, 1)
     assert store.snapshot({})["ended"] == [] and store.snapshot({})["in_flight"] == []
 
 
@@ -146,7 +155,7 @@ def _user(uid: int, length: int, **params) -> UserMsg:
     return UserMsg.make(uid, ids, SamplingParams(**params))
 
 
-def _run(sched: Scheduler, msgs=(), until_idle=True, steps=None) -> list[TimelineEvent]:
+def _run(sched: Scheduler, msgs=(), until_idle=True, steps=None) -> list[AnyEvent]:
     for msg in msgs:
         sched.process_msg(msg)
     for _ in range(steps or 500):
@@ -156,20 +165,21 @@ def _run(sched: Scheduler, msgs=(), until_idle=True, steps=None) -> list[Timelin
     return sched.timeline_batch().events
 
 
-def _by_uid(events: list[TimelineEvent]) -> dict[int, list[TimelineEvent]]:
-    out: dict[int, list[TimelineEvent]] = {}
+def _by_uid(events: list[AnyEvent]) -> dict[int, list[AnyEvent]]:
+    out: dict[int, list[AnyEvent]] = {}
     for e in events:
         out.setdefault(e.uid, []).append(e)
     return out
 
 
-def assert_well_formed(events: list[TimelineEvent]) -> None:
+def assert_well_formed(events: list[AnyEvent]) -> None:
     """Times never go back (a span may start before events that came before its end), and
     exactly one end event, the last."""
-    ends = [e for e in events if e.event in END_EVENTS]
+    ends = [e for e in events if isinstance(e, End)]
     assert len(ends) == 1 and events[-1] is ends[0], [e.event for e in events]
-    points = [e.t_end if e.t_end is not None else e.t for e in events]
-    assert points == sorted(points), [(e.event, e.t, e.t_end) for e in events]
+    assert {e.event for e in ends} <= END_EVENTS
+    points = [e.t_end if isinstance(e, Decode) else e.t for e in events]
+    assert points == sorted(points), [(e.event, e.t, points) for e in events]
 
 
 def test_a_finished_request_is_queued_prefilled_decoded_and_finished(engine):
@@ -178,16 +188,18 @@ def test_a_finished_request_is_queued_prefilled_decoded_and_finished(engine):
     assert_well_formed(events)
     names = [e.event for e in events]
     assert names[0] == "queued" and names[-1] == "finished"
-    chunks = [e for e in events if e.event == "prefill"]
-    assert [c.detail["tokens"] for c in chunks] == [8, 8, 4]  # chunked by the budget
-    steps = [c.detail["step"] for c in chunks]
+    chunks = [e for e in events if isinstance(e, PrefillChunk)]
+    assert [c.tokens for c in chunks] == [8, 8, 4]  # chunked by the budget
+    steps = [c.step for c in chunks]
     assert steps == sorted(steps) and len(set(steps)) == 3
     assert names.index("first_token") > names.index("prefill")
-    decoded = sum(e.detail["tokens"] for e in events if e.event == "decode")
+    decoded = sum(e.tokens for e in events if isinstance(e, Decode))
     assert decoded == 6  # every output token counted once, decode spans included
-    end = events[-1].detail
-    assert end["reason"] == "length" and end["preemptions"] == 0
-    assert end["queue_s"] >= 0 and end["prefill_s"] >= 0 and end["decode_s"] >= 0
+    end = events[-1]
+    assert isinstance(end, Finished) and end.timed
+    assert end.reason == "length" and end.preemptions == 0
+    assert end.queue_s >= 0 and end.prefill_s >= 0 and end.decode_s >= 0
+    assert list(end.detail()) == ["reason", "preemptions", "queue_s", "prefill_s", "decode_s"]
     assert sched.timeline.lives == {}
 
 
@@ -205,10 +217,11 @@ def test_every_way_of_ending_has_its_end_event(engine):
     for evs in timelines.values():
         assert_well_formed(evs)
     assert timelines[1][-1].event == "aborted"
-    assert timelines[2][-1].event == "finished" and timelines[2][-1].detail["reason"] == "stop"
+    assert timelines[2][-1].event == "finished" and timelines[2][-1].reason == "stop"
     assert [e.event for e in timelines[3]] == ["queued", "error"]
-    assert timelines[3][-1].detail == {"kind": "context_length_exceeded"}
-    assert timelines[4][-1].event == "finished" and timelines[4][-1].detail["reason"] == "length"
+    assert timelines[3][-1].detail() == {"kind": "context_length_exceeded"}
+    assert timelines[3][0].detail() == {}  # refused at admission: queued, no counts
+    assert timelines[4][-1].event == "finished" and timelines[4][-1].reason == "length"
     assert sched.timeline.lives == {}
     # a late abort of an ended request adds nothing
     assert _run(sched, [AbortBackendMsg(4), AbortBackendMsg(1)]) == []
@@ -233,9 +246,7 @@ def test_preempted_requests_say_so_and_are_readmitted(tiny_dirs):
     for evs in timelines.values():
         assert_well_formed(evs)
         names = [e.event for e in evs]
-        assert (
-            names.count("preempted") == names.count("readmitted") == evs[-1].detail["preemptions"]
-        )
+        assert names.count("preempted") == names.count("readmitted") == evs[-1].preemptions
         if "preempted" in names:
             assert names.index("preempted") < names.index("readmitted")
 
@@ -246,31 +257,31 @@ def test_without_detail_only_what_the_metrics_need_is_recorded(engine):
     )
     events = _run(sched, [_user(1, 20, max_tokens=6, ignore_eos=True)])
     assert [e.event for e in events] == ["queued", "first_token", "finished"]
-    assert "decode_s" in events[-1].detail
+    assert events[-1].timed
 
 
 def test_a_batch_is_due_every_flush_period_and_when_idle():
     clock = Clock()
     timeline = SchedulerTimeline(clock=clock)
-    assert not timeline.due(clock(), idle=True)  # nothing to say
-    timeline.step(5)
-    assert timeline.due(clock(), idle=True) and not timeline.due(clock(), idle=False)
-    assert timeline.due(clock.now + SchedulerTimeline.FLUSH_S, idle=False)
+    assert not timeline.due(idle=True)  # nothing to say
+    timeline.step(Batch([], decodes=5), 1)
+    assert timeline.due(idle=True) and not timeline.due(idle=False)
+    clock.now += SchedulerTimeline.FLUSH_S
+    assert timeline.due(idle=False)
     msg = timeline.flush([], (1, 2, 3))
     assert msg.step_tokens == [5] and msg.kv[1:] == (1, 2, 3)
-    assert not timeline.due(clock(), idle=True)
+    assert not timeline.due(idle=True)
 
 
 # ---------------------------------------------------------------- the tokenizer worker
 def test_the_tokenizer_worker_adds_its_events_to_what_it_passes_on(tmp_path):
     tokenizer = make_tokenizer(tmp_path)
     sent: list = []
-    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend, timeline=True)
+    log = EventLog(TOKENIZER)
+    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend, recorder=log)
     params = SamplingParams(max_tokens=3, stop=["zz"])
     ids = tokenizer.encode("hello", add_special_tokens=False)
-    scheduler_batch = TimelineMsg(
-        [TimelineEvent(1, "scheduler", "queued", 1.0)], [4], (1.0, 2, 0, 9)
-    )
+    scheduler_batch = TimelineMsg([Queued(1, "scheduler", 1.0)], [4], (1.0, 2, 0, 9))
     worker.handle(
         [TokenizeMsg(1, params, text="a"), TokenizeMsg(2, params, text="b"), scheduler_batch]
     )
@@ -291,12 +302,26 @@ def test_the_tokenizer_worker_adds_its_events_to_what_it_passes_on(tmp_path):
     assert isinstance(sent[sent.index(batches[1]) - 1], UserReply)
 
 
+def test_the_tokenizer_worker_records_a_backend_error_with_its_kind(tmp_path):
+    sent: list = []
+    worker = TokenizerWorker(
+        make_tokenizer(tmp_path), lambda m: None, sent.extend, recorder=EventLog(TOKENIZER)
+    )
+    worker.handle([TokenizeMsg(3, SamplingParams(), text="a")])
+    worker.handle([BackendErrorMsg(3, ErrorInfo(ErrorKind.INTERNAL, "x"))])
+    events = [e for m in sent if isinstance(m, TimelineMsg) for e in m.events]
+    assert [(e.event, e.detail()) for e in events] == [
+        ("tokenized", {"prompt_tokens": events[0].prompt_tokens}),
+        ("error", {"kind": "internal"}),
+    ]
+
+
 def test_a_tokenizer_worker_without_timelines_still_passes_the_schedulers_on(tmp_path):
     sent: list = []
-    worker = TokenizerWorker(make_tokenizer(tmp_path), lambda m: None, sent.extend, timeline=False)
+    worker = TokenizerWorker(make_tokenizer(tmp_path), lambda m: None, sent.extend)
     worker.handle([TokenizeMsg(1, SamplingParams(), text="a")])
     assert sent == []
-    batch = TimelineMsg([TimelineEvent(1, "scheduler", "finished", 1.0)])
+    batch = TimelineMsg([Finished(1, "scheduler", 1.0)])
     worker.handle([batch])
     assert [m.events for m in sent] == [batch.events]
 
