@@ -27,14 +27,16 @@ loop as `Scheduler.run_forever` runs it (receive, then `step()`), driven here in
 Each timed step is one `Scheduler.advance()`, as the process loop runs it: with overlap
 (`--overlap`, the default on CUDA) it launches step N+1 and then reads step N.
 
-How: the methods are wrapped from the outside (instance attributes shadowing the bound
-methods; nothing in minisgl/ is edited). A wrapper's time excludes the wrapped calls
-nested in it, so the phases never overlap and add up to at most the wall time. On CUDA
-every wrapper synchronises the device on entry and exit, so each phase holds its own
-device work; the forward is then device time (plus its launches), and "host" is the step's
-wall time less the forward. Those synchronisations also undo any overlap, so each batch
-size is measured a second time without the wrappers: "free-running wall" is the time per
-step as the loop really runs, the figure overlap scheduling improves. On the CPU
+How: through the scheduler's Recorder (minisgl/message/timeline.py), the interface it
+records request timelines through: the scheduler hands it to its engine, and both mark
+where a step's time starts to count toward another phase (`phase(name)`, a no-op in the
+server). Here the recorder is a lap clock (`phase_timer`): nothing in minisgl/ is patched,
+and the phases never overlap and add up to the wall time. On CUDA every mark
+synchronises the device, so each phase holds its own device work; the forward is then
+device time (plus its launches), and "host" is the step's wall time less the forward.
+Those synchronisations also undo any overlap, so each batch size is measured a second
+time with the clock off: "free-running wall" is the time per step as the loop really
+runs, the figure overlap scheduling improves. On the CPU
 everything is host time; "host" is still reported as wall less forward, the part that is
 not the model.
 
@@ -71,92 +73,38 @@ PHASES = ["receive", "schedule", "prepare", "forward", "sample", "post", "other"
 
 
 # ---------------------------------------------------------------------------- timers
-class PhaseTimer:
-    """Exclusive time per phase: a wrapped call's time less that of wrapped calls inside it."""
+def phase_timer(sync: Callable[[], None] | None):
+    """A PhaseTimer: the scheduler's Recorder (minisgl/message/timeline.py), handed to it as
+    its timeline. The scheduler and the engine call `phase(name)` where a step's time starts
+    to count toward another phase; the timer adds the time since the previous mark to the
+    phase that was current (a lap clock: the phases never overlap and add up to the time
+    timed). It also counts the sequences of each step it is told of (`step`)."""
+    from minisgl.scheduler.timeline import SchedulerRecorder
 
-    def __init__(self, sync: Callable[[], None] | None) -> None:
-        self.sync = sync or (lambda: None)
-        self.totals: dict[str, float] = dict.fromkeys(PHASES, 0.0)
-        self._children: list[float] = []  # per open call: time of its wrapped children
+    class PhaseTimer(SchedulerRecorder):
+        def __init__(self) -> None:
+            self.sync = sync or (lambda: None)
+            self.timing = False  # off: phase() returns at once (the free-running runs)
+            self.sizes: list[int] = []  # sequences in each step launched since reset()
+            self.reset()
 
-    def reset(self) -> None:
-        self.totals = dict.fromkeys(PHASES, 0.0)
+        def reset(self) -> None:
+            self.totals: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+            self.sizes = []
+            self.current, self.last = "other", time.perf_counter()
 
-    def wrap(self, phase: str, fn: Callable) -> Callable:
-        def timed(*args, **kwargs):
-            self.sync()
-            self._children.append(0.0)
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.sync()
-                elapsed = time.perf_counter() - start
-                children = self._children.pop()
-                self.totals[phase] += elapsed - children
-                if self._children:
-                    self._children[-1] += elapsed
+        def phase(self, name: str) -> None:
+            if not self.timing:
+                return
+            self.sync()  # on CUDA: each phase holds its own device work
+            now = time.perf_counter()
+            self.totals[self.current] += now - self.last
+            self.current, self.last = name, now
 
-        return timed
+        def step(self, batch, step: int) -> None:
+            self.sizes.append(len(batch.reqs))
 
-    def wrap_as(self, phase: str) -> Callable[[Callable], Callable]:
-        return lambda fn: self.wrap(phase, fn)
-
-    def patch(self, obj: object, name: str, phase: str) -> None:
-        setattr(obj, name, self.wrap(phase, getattr(obj, name)))
-
-
-class _TimedGraph:
-    """A captured CUDA graph whose replay counts as the forward."""
-
-    def __init__(self, graph, timer: PhaseTimer) -> None:
-        self.replay = timer.wrap("forward", graph.replay)
-
-
-def instrument(scheduler, timer: PhaseTimer) -> Callable[[], None]:
-    """Wrap the phases; returns a function that takes every wrapper off again."""
-    from minisgl.engine.engine import StepHandle
-
-    engine = scheduler.engine
-    patched = []
-
-    def patch(obj, name, phase):
-        patched.append((obj, name, obj.__dict__.get(name)))
-        timer.patch(obj, name, phase)
-
-    # receive: the loop over process_msg is timed where measure() runs it
-    patch(scheduler, "_schedule_next_batch", "schedule")
-    patch(scheduler, "launch_step", "post")  # exclusive: the bookkeeping around the launch
-    patch(scheduler, "finish_step", "post")  # exclusive: appending tokens, replies, freeing
-    patch(engine, "launch", "sample")  # exclusive: the copy of the tokens to the host
-    patch(engine, "_run_model", "forward")  # exclusive: the model call and LM head
-    patch(engine.inputs, "build", "prepare")
-    patch(engine.inputs, "record_sampled", "sample")
-    patch(engine.attn_backend, "prepare", "prepare")
-    patch(engine.sampler, "prepare", "prepare")
-    patch(engine.sampler, "sample", "sample")
-    patch(engine.sampler, "logprobs_device", "sample")
-    result = StepHandle.result
-    StepHandle.result = timer.wrap("sample", result)  # __slots__: wrapped on the class
-    graphs = {}
-    if engine.graph_runner is not None:
-        runner = engine.graph_runner
-        patch(runner, "run", "prepare")  # exclusive: prepare_for_replay
-        patch(runner, "_forward", "forward")  # batch sizes without a graph
-        graphs = runner.graphs
-        runner.graphs = {bs: _TimedGraph(g, timer) for bs, g in graphs.items()}
-
-    def undo() -> None:
-        StepHandle.result = result
-        if engine.graph_runner is not None:
-            engine.graph_runner.graphs = graphs
-        for obj, name, old in reversed(patched):
-            if old is None:
-                delattr(obj, name)
-            else:
-                setattr(obj, name, old)
-
-    return undo
+    return PhaseTimer()
 
 
 # ---------------------------------------------------------------------------- model
@@ -183,9 +131,9 @@ def tiny_config_dir(args: argparse.Namespace, out: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- one run
-def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, seed: int):
+def measure(scheduler, timer, batch: int, args: argparse.Namespace, seed: int):
     """Per timed step: {phase: seconds} plus "wall" and "batch" (sequences in the step);
-    without wrappers (`timer` None) only "wall" is meaningful."""
+    with the timer off (`timer.timing` False) only "wall" is meaningful."""
     from minisgl.core import SamplingParams
     from minisgl.message import UserMsg
 
@@ -203,54 +151,36 @@ def measure(scheduler, timer: PhaseTimer, batch: int, args: argparse.Namespace, 
         )
         for i in range(batch)
     ]
-    sizes: list[int] = []
-
-    def receive(msgs: list) -> list:
+    timing, timer.timing = timer.timing, False
+    while inbox or scheduler.prefill_manager.runnable:  # admit and prefill, untimed
+        for msg in inbox:
+            assert not scheduler.process_msg(msg), "a request was refused"
+        inbox = []
+        scheduler.step()
+    assert len(scheduler.decode_manager.running) == batch, "not all requests decode"
+    for _ in range(args.warmup):
+        scheduler.advance()
+    steps = []
+    for _ in range(args.steps):
+        timer.reset()
+        timer.timing = timing
+        start = time.perf_counter()
+        timer.phase("receive")
         replies = []
-        for msg in msgs:
+        for msg in inbox:  # what run_forever received for this step: nothing
             replies += scheduler.process_msg(msg)
-        return replies
-
-    if timer:
-        receive = timer.wrap("receive", receive)
-
-    schedule = scheduler._schedule_next_batch
-
-    def counted():
-        b = schedule()
-        sizes.append(len(b.reqs) if b is not None else 0)
-        return b
-
-    scheduler._schedule_next_batch = counted
-    sync = timer.sync if timer else (lambda: None)
-    try:
-        while inbox or scheduler.prefill_manager.runnable:  # admit and prefill, untimed
-            for msg in inbox:
-                assert not scheduler.process_msg(msg), "a request was refused"
-            inbox = []
-            scheduler.step()
-        assert len(scheduler.decode_manager.running) == batch, "not all requests decode"
-        for _ in range(args.warmup):
-            scheduler.advance()
-        steps = []
-        for _ in range(args.steps):
-            if timer:
-                timer.reset()
-            sizes.clear()
-            start = time.perf_counter()
-            replies = receive(inbox)  # what run_forever received for this step: nothing
-            replies += scheduler.advance()
-            sync()
-            wall = time.perf_counter() - start
-            assert sizes == [batch] and len(replies) == batch, (sizes, len(replies))
-            rec = dict(timer.totals) if timer else dict.fromkeys(PHASES, 0.0)
-            rec["other"] = wall - sum(rec[p] for p in PHASES if p != "other")
-            rec["wall"], rec["batch"] = wall, batch
-            steps.append(rec)
-        while scheduler.has_work:  # the last step's tokens, with overlap
-            scheduler.advance()
-    finally:
-        scheduler._schedule_next_batch = schedule
+        timer.phase("other")
+        replies += scheduler.advance()
+        timer.phase("other")  # the last phase's time (synchronised), then the step's end
+        wall = time.perf_counter() - start
+        timer.timing = False
+        assert timer.sizes == [batch] and len(replies) == batch, (timer.sizes, len(replies))
+        rec = dict(timer.totals) if timing else dict.fromkeys(PHASES, 0.0)
+        rec["other"] = wall - sum(rec[p] for p in PHASES if p != "other")
+        rec["wall"], rec["batch"] = wall, batch
+        steps.append(rec)
+    while scheduler.has_work:  # the last step's tokens, with overlap
+        scheduler.advance()
     assert not scheduler.has_work and scheduler.table_manager.used == 0, "requests left over"
     return steps
 
@@ -339,9 +269,9 @@ def main(argv: list[str] | None = None) -> int:
                 cuda_graph=args.cuda_graph,
             )
         )
-    scheduler = Scheduler(engine, SchedulerConfig(overlap_schedule=args.overlap))
     cuda = engine.device.type == "cuda"
-    timer = PhaseTimer(torch.cuda.synchronize if cuda else None)
+    timer = phase_timer(torch.cuda.synchronize if cuda else None)
+    scheduler = Scheduler(engine, SchedulerConfig(overlap_schedule=args.overlap), timer)
     c = engine.model_config
     graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
     print(
@@ -355,10 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for i, batch in enumerate(args.batch_sizes):
         busy, own, t = machine_busy_seconds(), cpu_seconds(os.getpid()), time.perf_counter()
-        undo = instrument(scheduler, timer)
+        timer.timing = True
         steps = measure(scheduler, timer, batch, args, seed=i + 1)
-        undo()
-        free = measure(scheduler, None, batch, args, seed=i + 1)  # as the loop really runs
+        timer.timing = False
+        free = measure(scheduler, timer, batch, args, seed=i + 1)  # as the loop really runs
         others = machine_busy_seconds() - busy - (cpu_seconds(os.getpid()) - own)
         others /= time.perf_counter() - t  # cores other processes used meanwhile (nan: no /proc)
         mean = summarize(steps)

@@ -14,6 +14,10 @@ inputs.py) and travel to the host in one non-blocking copy that `result()` waits
 Before it reports ready, the engine checks the fast path it is about to use (on CUDA:
 selfcheck.py) and falls back where a part fails; `degraded` names each part it fell back
 from, with the reason.
+
+`record_with(recorder)` hands it the scheduler's Recorder (message/timeline.py): a step
+marks where its time starts to count toward "prepare", "forward" and "sample" there (a
+no-op unless a benchmark measures).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from minisgl.core import Batch
 from minisgl.distributed import STARTUP_TIMEOUT_S, barrier, min_over_ranks, tp
 from minisgl.kvcache import KVCachePool
 from minisgl.message import TokenLogprob
+from minisgl.message.timeline import Recorder
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
 from minisgl.models.loader import load_model, resolve_quantization
@@ -49,6 +54,7 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
+        self.recorder = Recorder()  # the scheduler's, once it has one (record_with)
         self.tp = tp()  # this process's rank: its shard of the model and of the KV cache
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
@@ -178,6 +184,12 @@ class Engine:
         if self.graph_runner is not None and self.config.cuda_graph:
             self.graph_runner.capture()
 
+    def record_with(self, recorder: Recorder) -> None:
+        """Mark the phases of each step in `recorder` (the graph runner's replay too)."""
+        self.recorder = recorder
+        if self.graph_runner is not None:
+            self.graph_runner.recorder = recorder
+
     def use_attention_backend(self, backend) -> None:
         """Serve with `backend` instead (the self-check's fallback); decode steps run
         eagerly unless it can be captured too."""
@@ -201,11 +213,13 @@ class Engine:
         """Build the step's inputs and run the model: (inputs, (S, vocab) float32 logits of
         the requests that sample, the prompt logprobs the batch asks for (scoring.py))."""
         runner = self.graph_runner
+        self.recorder.phase("prepare")
         if runner is not None and not batch.scoring and runner.can_run(batch):
             inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
-            return inputs, runner.run(inputs), None
+            return inputs, runner.run(inputs), None  # its replay marks the forward
         inputs = self.inputs.build(batch)
         ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
+        self.recorder.phase("forward")
         hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
         scores = None
         if batch.scoring:  # prompt logprobs: from rows of the chunk that are dropped next
@@ -227,7 +241,9 @@ class Engine:
         sampling = batch.sampling_reqs
         if not sampling:
             return StepHandle(None, None, None, scores)
+        self.recorder.phase("prepare")
         args = self.sampler.prepare(sampling)
+        self.recorder.phase("sample")
         tokens = self.sampler.sample(logits, args)
         self.inputs.record_sampled(inputs, tokens)  # the next step may read them here
         logprobs = self.sampler.logprobs_device(logits, tokens, args)  # read in result()

@@ -14,7 +14,10 @@ token count of each step it ran (`step_tokens`) and a sample of its KV pages (`k
 A process records its own events through a `Recorder`: `record(uid, kind, **detail)`
 adds an event of that kind, now, and `take()` hands over (and forgets) what it recorded.
 The `Recorder` itself records nothing (timelines off: `--debug-history 0`, the offline
-API), so a component calls it unconditionally; an `EventLog` keeps them.
+API), so a component calls it unconditionally; an `EventLog` keeps them. The scheduler
+hands its recorder to its engine, and both call `phase(name)` where a step's time starts
+to count toward another phase ("schedule", "prepare", "forward", "sample", "post"): a
+no-op here, a lap clock in benchmarks/step_overhead.py.
 
 Each process ends a uid's timeline with exactly one end event (an `End`), its last:
 - api: `Finished` (reason), `Aborted` (by: client_disconnect, slow_client, stall,
@@ -204,6 +207,9 @@ class Recorder:
 
     def take(self) -> list[AnyEvent]:
         return []
+
+    def phase(self, name: str) -> None:
+        """From now on the step's time counts toward phase `name` (see the module)."""
 
 
 class EventLog(Recorder):

@@ -107,6 +107,7 @@ class Scheduler:
         self.engine = engine
         # the server's request timelines (a SchedulerTimeline); by default none recorded
         self.timeline = timeline if timeline is not None else SchedulerRecorder()
+        engine.record_with(self.timeline)  # the engine marks its phases of each step there
         self.steps = 0  # steps launched since start
         self.config = config if config is not None else SchedulerConfig()
         self.table_manager = TableManager(engine.config.max_running_requests)
@@ -424,7 +425,9 @@ class Scheduler:
 
     def launch_step(self) -> _Launched | None:
         """Schedule a batch and launch it; the sequences' host state moves on at once."""
+        self.timeline.phase("schedule")
         batch = self._schedule_next_batch()
+        self.timeline.phase("post")
         if batch is None:
             return None
         sampling = batch.sampling_reqs  # decided before cached_len moves
@@ -432,6 +435,7 @@ class Scheduler:
         self.timeline.step(batch, self.steps)  # the step's start, before the forward pass
         started = time.perf_counter()
         handle = self.engine.launch(batch)
+        self.timeline.phase("post")
         if self.engine.device.type == "cpu":  # the step has run: its time tells the speed
             prefill = sum(r.extend_len for r in batch.reqs[batch.decodes :])
             self.pacer.observe(prefill, batch.decodes, time.perf_counter() - started)
@@ -463,7 +467,9 @@ class Scheduler:
     # --8<-- [start:finish_step]
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: one reply per sequence that had not ended."""
+        self.timeline.phase("sample")  # the wait for the step's tokens
         out = launched.handle.result()
+        self.timeline.phase("post")
         for req, values in zip(launched.scoring, out.prompt_logprobs or [], strict=True):
             if not req.ended:
                 req.prompt_scores.values += values

@@ -39,6 +39,7 @@ from minisgl.message.timeline import (
     PrefillChunk,
     Queued,
     Readmitted,
+    Recorder,
     TimelineEvent,
 )
 
@@ -55,9 +56,10 @@ class _Life:
     unreported: int = 0  # decode tokens of ended sequences not in a decode event yet
 
 
-class SchedulerRecorder:
-    """The hooks the scheduler calls where a request's life changes; these record nothing
-    (the scheduler's default: no timelines, nothing to flush)."""
+class SchedulerRecorder(Recorder):
+    """The hooks the scheduler calls where a request's life changes, beside the Recorder's
+    phase marks of each step; these record nothing (the scheduler's default: no timelines,
+    nothing to flush)."""
 
     def queued(self, uid: int, n: int, prompt_tokens: int) -> None:
         pass

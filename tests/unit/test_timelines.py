@@ -380,3 +380,24 @@ async def test_the_api_server_names_how_each_request_ended(ending, event, detail
     assert (end["process"], end["event"]) == ("api", event)
     assert {k: end[k] for k in detail} == detail
     assert timeline["state"] == event
+
+
+# ---------------------------------------------------------------- the step's phase marks
+def test_a_step_marks_its_phases_in_the_recorder_the_scheduler_hands_its_engine(engine):
+    class Marks(SchedulerTimeline):
+        def __init__(self) -> None:
+            super().__init__()
+            self.marks: list[str] = []
+
+        def phase(self, name: str) -> None:
+            self.marks.append(name)
+
+    marks = Marks()
+    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=64), marks)
+    assert engine.recorder is marks
+    sched.process_msg(_user(1, 5, max_tokens=3, ignore_eos=True))
+    sched.step()
+    assert marks.marks == ["schedule", "post", "prepare", "forward", "prepare", "sample",
+                           "post", "sample", "post"]  # fmt: skip
+    Scheduler(engine)  # the engine's next scheduler: its marks go there, not here
+    assert not isinstance(engine.recorder, Marks)
