@@ -48,8 +48,12 @@ def test_a_whole_answer_past_the_response_cap_is_a_400_and_streaming_it_is_serve
     # (ignore_eos lets the model emit control tokens: their entries spell them, while the
     # text skips them, as it skips every special token)
     special = re.compile(rb"<\|[a-z_]+\|>")
+    # and a random model's invalid bytes: each side shows them as U+FFFD, but not always
+    # as many of them, so the comparison is of every real character)
     spelled = {i: special.sub(b"", s).decode(errors="replace") for i, s in spelled.items()}
-    assert spelled == content
+    assert {i: s.replace("\ufffd", "") for i, s in spelled.items()} == {
+        i: s.replace("\ufffd", "") for i, s in content.items()
+    }
     # (how many last tokens a random model leaves without text varies: a handful at most)
     assert all(300 - 16 <= n <= 300 for n in entries.values()), entries
     small = httpx.post(chat_url(server), json=tokens_body(server, 5, logprobs=True), timeout=60)
