@@ -2,7 +2,8 @@
 
 `Linear` must give F.linear's result (to float rounding) with or without its oneDNN path,
 follow its weight when it changes, and leave autograd alone. `apply_rotary` must be bit
-for bit transformers' rotate-half formula.
+for bit transformers' rotate-half formula, and `RMSNorm`'s fused float32 op bit for bit
+transformers' float32 norm.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import torch.nn.functional as F
 
 from minisgl.models.config import RopeConfig
 from minisgl.models.layers import _ONEDNN as ONEDNN
-from minisgl.models.layers import Linear, RotaryEmbedding, _inverse_frequencies, apply_rotary
+from minisgl.models.layers import (
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    _inverse_frequencies,
+    apply_rotary,
+)
 
 
 @pytest.mark.parametrize("rows", [1, 3, 16, 200])
@@ -72,3 +79,23 @@ def test_rotation_is_transformers_rotate_half_bit_for_bit(rope) -> None:
     rotate_half = torch.cat([-x[..., D // 2 :], x[..., : D // 2]], dim=-1)
     expected = x * emb.cos() + rotate_half * emb.sin()
     assert torch.equal(apply_rotary(x, *table.tables(positions, x.dtype)), expected)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_rms_norm_float32_is_transformers_norm_bit_for_bit(rows) -> None:
+    torch.manual_seed(rows)
+    norm = RMSNorm(576, 1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = torch.randn(rows, 576) * 3
+    # transformers' LlamaRMSNorm, in float32
+    expected = norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5))
+    with torch.inference_mode():
+        assert torch.equal(norm(x), expected)
+        # half precision keeps transformers' order: round, then the weight's product
+        xh, wh = x.to(torch.bfloat16), norm.weight.to(torch.bfloat16)
+        half = RMSNorm(576, 1e-5).to(torch.bfloat16)
+        half.weight.copy_(wh)
+        xf = xh.float()
+        want = wh * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-5)).to(torch.bfloat16)
+        assert torch.equal(half(xh), want)
