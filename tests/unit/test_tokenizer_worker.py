@@ -25,6 +25,7 @@ from minisgl.message import (
     UserReply,
     pack_ids,
 )
+from minisgl.testing import scheduler_state
 from minisgl.tokenizer.server import TokenizerWorker
 
 MULTIBYTE = "什么是 KV Cache？鲸鱼🐳 and ✨ 流式输出。"
@@ -350,7 +351,7 @@ def test_lifecycle_query_round_trip_reports_the_tokenizer_own_count(tokenizer) -
     assert rec.frontend == []  # the answer waits for the scheduler
     rec.clear()
 
-    sched_state = {"pending": 1, "running": 1, "table_slots_used": 2, "kv_pages_used": 3}
+    sched_state = scheduler_state(pending=1, running=1, table_slots_used=2, kv_pages_used=3)
     worker.handle([SchedulerStateMsg(77, sched_state)])
     (msg,) = rec.frontend
     assert isinstance(msg, LifecycleStateMsg) and msg.query_id == 77
@@ -377,7 +378,7 @@ def test_lifecycle_state_counts_zero_after_every_request_ended(tokenizer) -> Non
         ]
     )
     rec.clear()
-    worker.handle([SchedulerStateMsg(1, {})])
+    worker.handle([SchedulerStateMsg(1, scheduler_state())])
     (msg,) = rec.frontend
     assert msg.tokenizer == {"decode_states": 0, "tokenizing": 0, "grammar_compiles": 0}
 
