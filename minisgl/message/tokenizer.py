@@ -6,8 +6,7 @@ From the scheduler: DetokenizeMsg (one sampled token; the last one carries finis
 choice 0's first carries the prompt logprobs when asked),
 BackendErrorMsg (the request ended with an error; nothing more follows for its uid),
 SchedulerStateMsg (the scheduler's answer to a state query, a SchedulerState: state.py),
-TimelineMsg (its events, passed
-on to the API server).
+TimelineMsg (its events, passed on to the API server).
 """
 
 from __future__ import annotations

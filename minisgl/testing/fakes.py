@@ -10,11 +10,11 @@ automatically (the HTTP tests do), `on_query` each LifecycleQueryMsg.
 state of a scheduler without a model. `handle(msgs)` takes what a scheduler receives: a
 UserMsg starts a request that will generate `max_tokens` tokens (16 when unset), an
 AbortBackendMsg ends one (an unknown uid changes nothing), a StateQueryMsg is answered at
-once with the live counts as a `SchedulerState` (what /debug/lifecycle shows). `step(token_id)` is one
-decode step: a DetokenizeMsg of `token_id` for every running request, finish_reason
-"length" on its last, all in one `send` (as the real loop sends a step). `sample(...)`
-scripts a step token by token instead, and `late(uid, token_id)` sends a token whatever the
-state (one computed before an abort arrived).
+once with the live counts as a `SchedulerState` (what /debug/lifecycle shows).
+`step(token_id)` is one decode step: a DetokenizeMsg of `token_id` for every running
+request, finish_reason "length" on its last, all in one `send` (as the real loop sends a
+step). `sample(...)` scripts a step token by token instead, and `late(uid, token_id)` sends
+a token whatever the state (one computed before an abort arrived).
 
 `scheduler_state(**counts)` is a scheduler's answer with every count zero but those given,
 for tests that script a LifecycleStateMsg.
