@@ -25,6 +25,8 @@ import signal
 import sys
 from contextlib import aclosing
 
+import msgspec
+
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg
 
@@ -116,7 +118,7 @@ async def run_shell(frontend: FrontendManager, max_tokens: int | None) -> int:
                 _say(f"(history cleared)\n{PROMPT}")
                 continue
             if line == "/lifecycle":
-                _say(json.dumps(await frontend.lifecycle()) + f"\n{PROMPT}")
+                _say(json.dumps(msgspec.to_builtins(await frontend.lifecycle())) + f"\n{PROMPT}")
                 continue
             if not line:
                 _say(PROMPT)

@@ -4,16 +4,15 @@ UserReply carries one step's new text for one choice of one uid, with running to
 the last reply of a choice has its finish_reason, the last reply of the request (every choice
 done, or an error) has `finished` set. At most one terminal reply is sent per uid.
 LifecycleStateMsg answers a LifecycleQueryMsg with the tokenizer's and the scheduler's live
-per-uid state.
+per-uid state (the scheduler's typed: state.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from .errors import ErrorInfo
+from .state import SchedulerState
 from .timeline import TimelineMsg
 
 
@@ -55,7 +54,7 @@ class UserReply(msgspec.Struct, tag=True):
 class LifecycleStateMsg(msgspec.Struct, tag=True):
     query_id: int
     tokenizer: dict[str, int]
-    scheduler: dict[str, Any]  # counts; with tensor parallelism also "ranks": each rank's
+    scheduler: SchedulerState
 
 
 FrontendMsg = UserReply | LifecycleStateMsg | TimelineMsg

@@ -5,8 +5,8 @@ it and is forwarded to the scheduler), LifecycleQueryMsg.
 From the scheduler: DetokenizeMsg (one sampled token; the last one carries finish_reason;
 choice 0's first carries the prompt logprobs when asked),
 BackendErrorMsg (the request ended with an error; nothing more follows for its uid),
-SchedulerStateMsg (the scheduler's answer to a state query), TimelineMsg (its events, passed
-on to the API server).
+SchedulerStateMsg (the scheduler's answer to a state query, a SchedulerState: state.py),
+TimelineMsg (its events, passed on to the API server).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import msgspec
 from minisgl.core import SamplingParams
 
 from .errors import ErrorInfo
+from .state import SchedulerState
 from .timeline import TimelineMsg
 
 
@@ -74,7 +75,7 @@ class BackendErrorMsg(msgspec.Struct, tag=True):
 
 class SchedulerStateMsg(msgspec.Struct, tag=True):
     query_id: int
-    state: dict[str, Any]  # counts, and "ranks" (each rank's counts) with tensor parallelism
+    state: SchedulerState
 
 
 TokenizerMsg = (

@@ -48,6 +48,8 @@ from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_for_futures
 from typing import Protocol
 
+from msgspec import UNSET
+
 from minisgl.core import Batch, PromptScores, Req, SamplingParams
 from minisgl.distributed import (
     broadcast_object,
@@ -65,6 +67,7 @@ from minisgl.message import (
     DetokenizeMsg,
     ErrorInfo,
     ErrorKind,
+    SchedulerState,
     SchedulerStateMsg,
     StateQueryMsg,
     TimelineMsg,
@@ -153,23 +156,23 @@ class Scheduler:
             or self.decode_manager.runnable
         )
 
-    def state(self) -> dict[str, int]:
-        return {
-            "pending": len(self.prefill_manager) + len(self._building),
-            "running": len(self.decode_manager),
-            "table_slots_used": self.table_manager.used,
-            "kv_pages_used": self.cache_manager.used,  # held by live requests
-            "kv_pages_total": self.cache_manager.total,
-            "kv_pages_cached": self.cache_manager.cached,  # held by the prefix cache alone
-            "prefix_cache_nodes": self.cache_manager.nodes,
-            "prefix_cache_query_tokens": self.cache_manager.query_tokens,
-            "prefix_cache_hit_tokens": self.cache_manager.hit_tokens,
+    def state(self) -> SchedulerState:
+        return SchedulerState(
+            pending=len(self.prefill_manager) + len(self._building),
+            running=len(self.decode_manager),
+            table_slots_used=self.table_manager.used,
+            kv_pages_used=self.cache_manager.used,  # held by live requests
+            kv_pages_total=self.cache_manager.total,
+            kv_pages_cached=self.cache_manager.cached,  # held by the prefix cache alone
+            prefix_cache_nodes=self.cache_manager.nodes,
+            prefix_cache_query_tokens=self.cache_manager.query_tokens,
+            prefix_cache_hit_tokens=self.cache_manager.hit_tokens,
             # sequences whose output a grammar constrains (each holds a matcher)
-            "grammar_matchers": sum(
+            grammar_matchers=sum(
                 r.matcher is not None
                 for r in (*self.prefill_manager.pending, *self.decode_manager.running.values())
             ),
-        }
+        )
 
     # ------------------------------------------------------------------ ranks
     def _mirror(self, op: str, arg=None) -> None:
@@ -226,11 +229,13 @@ class Scheduler:
             self.abort_req(msg.uid, msg.index)
             return []
         if isinstance(msg, StateQueryMsg):
-            flushed = {"flushed_pages": self.flush_cache()} if msg.flush_cache else {}
-            state = {**self.state(), **flushed}
+            flushed = self.flush_cache() if msg.flush_cache else UNSET  # counted after it
+            state = self.state()
+            state.flushed_pages = flushed
             if self.tp.size > 1:  # every rank's own (and its process), on rank 0
-                ranks = gather_objects({"rank": self.tp.rank, "pid": os.getpid(), **state})
-                state = {**state, "ranks": ranks} if self.tp.leader else state
+                ranks = gather_objects(state.on_rank(self.tp.rank, os.getpid()))
+                if self.tp.leader:
+                    state.ranks = ranks
             return [SchedulerStateMsg(msg.query_id, state)]
         raise TypeError(f"scheduler cannot handle {type(msg).__name__}")
 

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import msgspec
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -277,10 +278,10 @@ def create_app(
     @app.get("/metrics")
     async def prometheus_metrics():
         try:
-            lifecycle = await frontend.lifecycle(timeout=5.0)
+            sched = (await frontend.lifecycle(timeout=5.0)).scheduler
         except (RequestFailed, asyncio.TimeoutError):
-            lifecycle = None  # the workers' gauges keep their last values
-        body = metrics.render(len(frontend.states), lifecycle)
+            sched = None  # the workers' gauges keep their last values
+        body = metrics.render(len(frontend.states), sched)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/debug/requests")
@@ -303,7 +304,7 @@ def create_app(
     @app.get("/debug/lifecycle")
     async def debug_lifecycle():
         try:
-            return await frontend.lifecycle()
+            return msgspec.to_builtins(await frontend.lifecycle())  # unset fields left out
         except RequestFailed as failed:
             return to_http(failed.error).response()
         except asyncio.TimeoutError:
@@ -322,7 +323,7 @@ def create_app(
             return to_http(failed.error).response()
         except asyncio.TimeoutError:
             return to_http(unavailable("the scheduler did not answer")).response()
-        flushed = state["scheduler"]["flushed_pages"]
+        flushed = state.scheduler.flushed_pages
         return busy.response() if flushed < 0 else {"flushed_pages": flushed}
 
     # --8<-- [end:flush_cache]

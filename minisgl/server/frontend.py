@@ -40,6 +40,7 @@ from minisgl.message import (
     FrontendMsg,
     LifecycleQueryMsg,
     LifecycleStateMsg,
+    SchedulerState,
     TimelineMsg,
     TokenizeMsg,
     TokenizerMsg,
@@ -54,6 +55,15 @@ from .middleware import arrival_var, request_id_var
 from .timelines import NoTimelines, Timelines
 
 logger = logging.getLogger(__name__)
+
+
+class Lifecycle(msgspec.Struct):
+    """Every process's live per-uid state (`lifecycle()`); the HTTP edge answers it as
+    JSON through `msgspec.to_builtins`, which leaves out the scheduler's unset fields."""
+
+    frontend: dict[str, int]
+    tokenizer: dict[str, int]
+    scheduler: SchedulerState
 
 
 @dataclass(eq=False)
@@ -376,9 +386,7 @@ class FrontendManager:
             await asyncio.sleep(min(0.25, timeout / 4))
             self.check_stalls(loop.time(), timeout)
 
-    async def lifecycle(
-        self, timeout: float = 10.0, flush_cache: bool = False
-    ) -> dict[str, dict[str, int]]:
+    async def lifecycle(self, timeout: float = 10.0, flush_cache: bool = False) -> Lifecycle:
         """Live per-uid state of all three processes, the workers' asked over ZMQ. The
         scheduler answers between two steps, so the wait covers one long prefill step.
         `flush_cache`: the scheduler empties its prefix cache first if it has no request
@@ -393,8 +401,4 @@ class FrontendManager:
             reply = await asyncio.wait_for(fut, timeout)
         finally:
             del self._queries[query_id]
-        return {
-            "frontend": self.state(),
-            "tokenizer": reply.tokenizer,
-            "scheduler": reply.scheduler,
-        }
+        return Lifecycle(self.state(), reply.tokenizer, reply.scheduler)

@@ -19,7 +19,7 @@ import enum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from minisgl.message import TimelineMsg
+from minisgl.message import SchedulerState, TimelineMsg
 from minisgl.message.timeline import SCHEDULER, Finished, Preempted
 
 # the parts of the CUDA fast path the engine's self-check can fall back from
@@ -183,18 +183,19 @@ class ServerMetrics:
         self.disconnects.inc()
 
     # ------------------------------------------------------------ scrape
-    def render(self, in_flight: int, lifecycle: dict[str, dict[str, int]] | None) -> bytes:
+    def render(self, in_flight: int, sched: SchedulerState | None) -> bytes:
+        """The metrics' text; `sched`: the scheduler's answer to this scrape's state query
+        (None: it did not answer, the workers' gauges keep their last values)."""
         self.in_flight.set(in_flight)
-        if lifecycle is not None:
-            sched = lifecycle["scheduler"]
-            self.running.set(sched["running"])
-            self.pending.set(sched["pending"])
-            self.kv_pages_used.set(sched["kv_pages_used"])
-            self.kv_pages_total.set(sched["kv_pages_total"])
-            self.kv_cache_usage.set(sched["kv_pages_used"] / max(1, sched["kv_pages_total"]))
-            self.kv_pages_cached.set(sched["kv_pages_cached"])
+        if sched is not None:
+            self.running.set(sched.running)
+            self.pending.set(sched.pending)
+            self.kv_pages_used.set(sched.kv_pages_used)
+            self.kv_pages_total.set(sched.kv_pages_total)
+            self.kv_cache_usage.set(sched.kv_pages_used / max(1, sched.kv_pages_total))
+            self.kv_pages_cached.set(sched.kv_pages_cached)
             # the scheduler keeps totals; the counters advance by what is new since
-            queries, hits = sched["prefix_cache_query_tokens"], sched["prefix_cache_hit_tokens"]
+            queries, hits = sched.prefix_cache_query_tokens, sched.prefix_cache_hit_tokens
             self.prefix_queries.inc(max(0, queries - self._prefix_seen[0]))
             self.prefix_hits.inc(max(0, hits - self._prefix_seen[1]))
             self._prefix_seen = (queries, hits)

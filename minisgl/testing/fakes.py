@@ -10,11 +10,14 @@ automatically (the HTTP tests do), `on_query` each LifecycleQueryMsg.
 state of a scheduler without a model. `handle(msgs)` takes what a scheduler receives: a
 UserMsg starts a request that will generate `max_tokens` tokens (16 when unset), an
 AbortBackendMsg ends one (an unknown uid changes nothing), a StateQueryMsg is answered at
-once with the live counts under the keys /debug/lifecycle shows. `step(token_id)` is one
-decode step: a DetokenizeMsg of `token_id` for every running request, finish_reason
-"length" on its last, all in one `send` (as the real loop sends a step). `sample(...)`
-scripts a step token by token instead, and `late(uid, token_id)` sends a token whatever the
-state (one computed before an abort arrived).
+once with the live counts as a `SchedulerState` (what /debug/lifecycle shows).
+`step(token_id)` is one decode step: a DetokenizeMsg of `token_id` for every running
+request, finish_reason "length" on its last, all in one `send` (as the real loop sends a
+step). `sample(...)` scripts a step token by token instead, and `late(uid, token_id)` sends
+a token whatever the state (one computed before an abort arrived).
+
+`scheduler_state(**counts)` is a scheduler's answer with every count zero but those given,
+for tests that script a LifecycleStateMsg.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import msgspec
+
 from minisgl.message import (
     AbortBackendMsg,
     AbortMsg,
@@ -30,6 +35,7 @@ from minisgl.message import (
     DetokenizeMsg,
     FrontendMsg,
     LifecycleQueryMsg,
+    SchedulerState,
     SchedulerStateMsg,
     StateQueryMsg,
     TokenizeMsg,
@@ -37,6 +43,12 @@ from minisgl.message import (
     UserMsg,
 )
 from minisgl.server.frontend import FrontendManager
+
+
+def scheduler_state(**counts: int) -> SchedulerState:
+    """A scheduler's state with every count zero but `counts`."""
+    zero = {f.name: 0 for f in msgspec.structs.fields(SchedulerState) if f.required}
+    return SchedulerState(**{**zero, **counts})
 
 
 class FakeBackend:
@@ -93,16 +105,9 @@ class FakeScheduler:
         if replies:
             self.send(replies)
 
-    def state(self) -> dict[str, int]:
+    def state(self) -> SchedulerState:
         n = len(self.running)
-        return {
-            "pending": 0,
-            "running": n,
-            "table_slots_used": n,
-            "kv_pages_used": 0,
-            "kv_pages_total": 0,
-            "grammar_matchers": 0,
-        }
+        return scheduler_state(running=n, table_slots_used=n)
 
     def step(self, token_id: int) -> int:
         """One token for every running request; returns how many were sent."""

@@ -1,13 +1,17 @@
-"""DetokenizeManager: incremental, UTF-8-safe text for each request's sampled tokens,
-with stop strings matched across token boundaries.
+"""DetokenizeManager: the scheduler's sampled tokens become what the client receives, one
+`UserReply` per token: incremental, UTF-8-safe text with stop strings matched across token
+boundaries, running token counts, and the logprobs' and prompt logprobs' token texts.
 
 Contract: `add(uid, ...)` creates a request's decode state (one per choice); this happens
 when its prompt is tokenized, never on a first token, so a late token for a uid that was
-removed finds no state and is dropped (`feed` returns None for it). `feed(msgs)` turns
-tokens of many requests into their new text, one batched tokenizer call per round; a batch
-may hold several steps of one uid (a worker that fell behind), which are then decoded in
-successive rounds, in order. `remove(uid)` drops the state; `feed` drops it itself once
-every choice of the request has finished.
+removed finds no state and is dropped (its reply is None). `feed(msgs)` turns tokens of
+many requests into their replies, in order, one batched tokenizer call per round for the
+text (and one for the token texts of the logprobs); a batch may hold several steps of one
+uid (a worker that fell behind), which are then decoded in successive rounds, in order.
+The reply that ends a request's last choice has `finished` set. `feed` also returns the
+positions of the messages whose choice a stop string ended: the scheduler is still running
+those, and the caller stops them there. `remove(uid)` drops the state; `feed` drops it
+itself once every choice of the request has finished.
 
 Why text is held back:
 - one character can span several byte-level tokens (Chinese, emoji). Decoding a prefix of
@@ -16,35 +20,24 @@ Why text is held back:
   tokens before the offset keeps tokenizers that merge spaces across token boundaries
   (SentencePiece-style) correct.
 - text that could be the start of a stop string waits until it is known not to be one.
-  A stop string ends its choice with finish_reason "stop" and is trimmed from the output;
-  `Decoded.stop_hit` tells the caller to stop that choice in the scheduler.
+  A stop string ends its choice with finish_reason "stop" and is trimmed from the output.
+A token's logprob goes out with its text, so that the logprobs' bytes spell the content: it
+is held back while its text is, and dropped when its text never comes (an end token, a
+character never completed).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from minisgl.message import DetokenizeMsg, TokenInfo
+from minisgl.message import DetokenizeMsg, TokenInfo, UserReply
 
 from .stop import StopStrings
+from .tokenize import token_bytes
 
 _REPLACEMENT = "\ufffd"
 _WINDOW = 8  # tokens of context for a token's text (text_offsets)
-
-
-@dataclass
-class Decoded:
-    text: str  # new text for this token (may be empty while text is held back)
-    prompt_tokens: int
-    completion_tokens: int  # tokens of this choice so far, this one included
-    finish_reason: str | None  # the choice finished: "stop" or "length"
-    finished: bool  # every choice of the request has finished
-    stop_hit: bool = False  # a stop string (not the scheduler) ended the choice
-    text_offset: int = 0  # where this token's text starts in the choice's output
-    cached_tokens: int = 0  # prompt tokens the scheduler found in its prefix cache
-    # on each choice's first message: the prompt logprobs, when asked (DecodeState)
-    prompt_logprobs: list[TokenInfo] | None = None
-    choice: ChoiceState | None = None  # the choice's state (its held-back logprobs)
 
 
 @dataclass
@@ -73,7 +66,7 @@ class DecodeState:
     min_tokens: int = 0
     cached_tokens: int = 0
     # prompt logprobs, when asked: the prompt's ids until the scheduler's scores come, then
-    # their TokenInfos (the caller builds them), sent ahead of each choice's first output
+    # their TokenInfos, sent ahead of each choice's first output
     prompt_ids: list[int] | None = None
     prompt_infos: list[TokenInfo] | None = None
 
@@ -120,10 +113,15 @@ class DetokenizeManager:
             batch, skip_special_tokens=True, clean_up_tokenization_spaces=False
         )
 
-    def feed(self, msgs: list[DetokenizeMsg]) -> list[Decoded | None]:
-        """New text per message, in order; None for a token nobody waits for (its request
-        or choice has ended)."""
-        out: list[Decoded | None] = [None] * len(msgs)
+    def feed(self, msgs: list[DetokenizeMsg]) -> tuple[list[UserReply | None], set[int]]:
+        """The reply to each message, in order (None for a token nobody waits for: its
+        request or choice has ended), and the positions of those whose choice a stop string
+        ended (the scheduler does not know yet)."""
+        for msg in msgs:
+            if msg.prompt_logprobs is not None:
+                self._prompt_infos(msg)
+        out: list[UserReply | None] = [None] * len(msgs)
+        stopped: set[int] = set()
         pending = list(enumerate(msgs))
         while pending:  # each round holds at most one token per (uid, choice)
             seen: set[tuple[int, int]] = set()
@@ -132,11 +130,13 @@ class DetokenizeManager:
                 key = (item[1].uid, item[1].index)
                 (pending_next if key in seen else this_round).append(item)
                 seen.add(key)
-            self._feed_round(this_round, out)
+            self._feed_round(this_round, out, stopped)
             pending = pending_next
-        return out
+        return out, stopped
 
-    def _feed_round(self, items: list[tuple[int, DetokenizeMsg]], out: list) -> None:
+    def _feed_round(
+        self, items: list[tuple[int, DetokenizeMsg]], out: list, stopped: set[int]
+    ) -> None:
         live: list[tuple[int, DecodeState, ChoiceState, DetokenizeMsg]] = []
         for i, msg in items:
             state = self.decode_map.get(msg.uid)
@@ -156,6 +156,7 @@ class DetokenizeManager:
             live.append((i, state, choice, msg))
         before = self._decode([c.ids[c.prefix_offset : c.read_offset] for _, _, c, _ in live])
         after = self._decode([c.ids[c.prefix_offset :] for _, _, c, _ in live])
+        sampled = self._sampled_texts([msg for *_, msg in live])
 
         for (i, state, choice, msg), old, new in zip(live, before, after, strict=True):
             delta = new[len(old) :]
@@ -171,23 +172,87 @@ class DetokenizeManager:
             first, choice.started = not choice.started, True
             if stop_hit:
                 choice.finish_reason = "stop"
+                stopped.add(i)
             elif last:
                 choice.finish_reason = msg.finish_reason
-            out[i] = Decoded(
-                echo + text,
-                state.prompt_tokens,
-                choice.tokens,
-                choice.finish_reason,
-                state.done,
-                stop_hit,
-                text_offset=choice.sent + len(echo),
+            start = choice.sent + len(echo)  # where this token's own text can start
+            text = echo + text
+            out[i] = UserReply(
+                msg.uid,
+                text,
+                finished=state.done,
+                finish_reason=choice.finish_reason,
+                prompt_tokens=state.prompt_tokens,
+                completion_tokens=choice.tokens,
+                index=msg.index,
+                logprobs=self._logprobs(choice, msg, text, start, sampled),
                 cached_tokens=state.cached_tokens,
                 prompt_logprobs=state.prompt_infos if first else None,
-                choice=choice,
             )
-            choice.sent += len(echo) + len(text)
+            choice.sent += len(text)
             if state.done:
                 self.remove(msg.uid)
+
+    # ------------------------------------------------------------------ logprobs
+    def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:
+        """Each token's own text and bytes, for logprobs (one batched decode)."""
+        if self.tokenizer is None:  # token ids only: no text for them
+            return [""] * len(ids), [b""] * len(ids)
+        texts = self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False)
+        return texts, token_bytes(self.tokenizer, ids)
+
+    def _sampled_texts(self, msgs: list[DetokenizeMsg]) -> Iterator[tuple[str, bytes]]:
+        """The text and bytes of each sampled token that carries a logprob, then of its
+        alternatives, in the order of `msgs`: decoded in one batched call."""
+        ids: list[int] = []
+        for msg in msgs:
+            if msg.logprob is not None:
+                ids.append(msg.next_token)
+                ids += [token for token, _ in msg.logprob.top]
+        return zip(*self._texts(ids)) if ids else iter(())
+
+    @staticmethod
+    def _logprobs(
+        choice: ChoiceState, msg: DetokenizeMsg, text: str, start: int, sampled: Iterator
+    ) -> list[TokenInfo] | None:
+        """The logprobs that go out with a reply of `text`: those of earlier tokens held back
+        with their text, then this token's, whose own text ends `text` (a token still held
+        back starts where the output is now). None while the text is held back, and for
+        good when it never comes (an end token, a character never completed)."""
+        lp = msg.logprob
+        if lp is None:
+            return None
+        token, raw = next(sampled)
+        top = [(*next(sampled), value) for _, value in lp.top]
+        offset = start
+        if token and text.endswith(token):
+            offset = choice.sent + len(text) - len(token)
+        info = TokenInfo(token, raw, lp.logprob, offset, top)
+        held = choice.held_logprobs
+        if text:
+            choice.held_logprobs = []
+            return [*held, info]
+        if choice.finish_reason is None:
+            held.append(info)
+        return None
+
+    def _prompt_infos(self, msg: DetokenizeMsg) -> None:
+        """The scheduler's prompt logprobs as TokenInfos on the request's decode state, to go
+        ahead of each choice's first output; the first prompt token has no logprob."""
+        state = self.decode_map.get(msg.uid)
+        if state is None or state.prompt_ids is None:
+            return  # aborted meanwhile
+        ids, state.prompt_ids = state.prompt_ids, None
+        alternatives = [token for lp in msg.prompt_logprobs for token, _ in lp.top]
+        texts, raws = self._texts(ids + alternatives)
+        offsets = self.text_offsets(ids)
+        infos = [TokenInfo(texts[0], raws[0], None, 0)]
+        alt = len(ids)  # where the next position's alternatives are in texts/raws
+        for i, lp in enumerate(msg.prompt_logprobs, 1):
+            top = [(texts[alt + j], raws[alt + j], v) for j, (_, v) in enumerate(lp.top)]
+            alt += len(top)
+            infos.append(TokenInfo(texts[i], raws[i], lp.logprob, offsets[i], top))
+        state.prompt_infos = infos
 
     def text_offsets(self, ids: list[int]) -> list[int]:
         """Where each token's text starts in the text of `ids` (decoded as the output is,

@@ -13,10 +13,11 @@ Contract (per uid):
   server with a UserReply carrying `reasoning_open`, ahead of any output.
 - AbortMsg: drop the decode state (or the wait for a compile) and forward AbortBackendMsg
   (the reference forwarded the abort but kept the decode state, which then leaked).
-- DetokenizeMsg: new text for one choice of the uid, sent on as a UserReply; when a stop
-  string ends a choice, AbortBackendMsg(uid, index) stops it in the scheduler; the reply
-  that ends the last choice is the request's terminal one and removes the decode state. A
-  token for a uid without decode state (aborted) is dropped.
+- DetokenizeMsg: the DetokenizeManager (detokenize.py) makes it the UserReply of that
+  choice (new text, counts, logprobs), sent on as it is; when a stop string ends a choice,
+  AbortBackendMsg(uid, index) stops it in the scheduler; the reply that ends the last
+  choice is the request's terminal one and removes the decode state. A token for a uid
+  without decode state (aborted) is dropped.
 - BackendErrorMsg: drop the decode state, send the error on as the terminal UserReply.
 - LifecycleQueryMsg: forwarded to the scheduler; its answer comes back as SchedulerStateMsg
   and goes to the API server together with this worker's own counts.
@@ -52,7 +53,6 @@ from minisgl.message import (
     SchedulerStateMsg,
     StateQueryMsg,
     TimelineMsg,
-    TokenInfo,
     TokenizeMsg,
     TokenizerMsg,
     UserMsg,
@@ -80,7 +80,6 @@ from .tokenize import (
     load_tokenizer,
     longest_token_bytes,
     reasoning_open,
-    token_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -455,104 +454,24 @@ class TokenizerWorker:
     def _detokenize(
         self, run: list[DetokenizeMsg], to_backend: list[BackendMsg]
     ) -> list[FrontendMsg]:
+        """The replies to a run of tokens (decoded in one batch); a choice that a stop string
+        ended is stopped in the scheduler."""
         if not run:
             return []
         replies: list[FrontendMsg] = []
-        for msg in run:
-            if msg.prompt_logprobs is not None:
-                self._prompt_infos(msg)
-        decoded_run = self.detokenize_manager.feed(run)
-        token_infos = self._token_infos(run, decoded_run)
-        for msg, decoded, info in zip(run, decoded_run, token_infos):
-            if decoded is None:
+        decoded, stopped = self.detokenize_manager.feed(run)
+        for i, (msg, reply) in enumerate(zip(run, decoded)):
+            if reply is None:
                 continue  # late token of an aborted request or stopped choice: dropped
-            if decoded.completion_tokens == 1 and msg.index == 0:
+            if reply.completion_tokens == 1 and msg.index == 0:
                 self.recorder.record(msg.uid, FirstOutput)
-            if decoded.stop_hit:  # a stop string ended this choice: the scheduler stops it
+            if i in stopped:
                 to_backend.append(AbortBackendMsg(msg.uid, msg.index))
                 self.recorder.record(msg.uid, StopString, index=msg.index)
-            if decoded.finished:
-                self.recorder.record(msg.uid, Finished, reason=decoded.finish_reason)
-            replies.append(
-                UserReply(
-                    msg.uid,
-                    decoded.text,
-                    finished=decoded.finished,
-                    finish_reason=decoded.finish_reason,
-                    prompt_tokens=decoded.prompt_tokens,
-                    completion_tokens=decoded.completion_tokens,
-                    index=msg.index,
-                    logprobs=info,
-                    cached_tokens=decoded.cached_tokens,
-                    prompt_logprobs=decoded.prompt_logprobs,
-                )
-            )
+            if reply.finished:
+                self.recorder.record(msg.uid, Finished, reason=reply.finish_reason)
+            replies.append(reply)
         return replies
-
-    def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:
-        """Each token's own text and bytes, for logprobs (one batched decode)."""
-        if self.tokenizer is None:  # token ids only: no text for them
-            return [""] * len(ids), [b""] * len(ids)
-        texts = self.tokenizer.batch_decode([[t] for t in ids], skip_special_tokens=False)
-        return texts, token_bytes(self.tokenizer, ids)
-
-    def _prompt_infos(self, msg: DetokenizeMsg) -> None:
-        """The scheduler's prompt logprobs as TokenInfos on the request's decode state, to go
-        ahead of each choice's first output; the first prompt token has no logprob."""
-        state = self.detokenize_manager.decode_map.get(msg.uid)
-        if state is None or state.prompt_ids is None:
-            return  # aborted meanwhile
-        ids, state.prompt_ids = state.prompt_ids, None
-        alternatives = [token for lp in msg.prompt_logprobs for token, _ in lp.top]
-        texts, raws = self._texts(ids + alternatives)
-        offsets = self.detokenize_manager.text_offsets(ids)
-        infos = [TokenInfo(texts[0], raws[0], None, 0)]
-        alt = len(ids)  # where the next position's alternatives are in texts/raws
-        for i, lp in enumerate(msg.prompt_logprobs, 1):
-            top = [(texts[alt + j], raws[alt + j], v) for j, (_, v) in enumerate(lp.top)]
-            alt += len(top)
-            infos.append(TokenInfo(texts[i], raws[i], lp.logprob, offsets[i], top))
-        state.prompt_infos = infos
-
-    def _token_infos(self, run, decoded_run) -> list[list[TokenInfo] | None]:
-        """Token texts for the replies that carry logprobs, decoded in one batched call."""
-        infos: list[list[TokenInfo] | None] = [None] * len(run)
-        wanted = [
-            i for i, (m, d) in enumerate(zip(run, decoded_run)) if d and m.logprob is not None
-        ]
-        if not wanted:
-            return infos
-        ids: list[int] = []
-        for i in wanted:  # the sampled token, then its alternatives
-            ids.append(run[i].next_token)
-            ids += [token for token, _ in run[i].logprob.top]
-        texts, raws = map(iter, self._texts(ids))
-        for i in wanted:
-            lp, decoded = run[i].logprob, decoded_run[i]
-            token, raw = next(texts), next(raws)
-            top = [(next(texts), next(raws), value) for _, value in lp.top]
-            # the token's own text ends this reply's text, after any held-back text of
-            # earlier tokens; a token still held back starts where the output is now
-            offset = decoded.text_offset
-            if token and decoded.text.endswith(token):
-                offset += len(decoded.text) - len(token)
-            info = TokenInfo(token, raw, lp.logprob, offset, top)
-            infos[i] = self._with_text(decoded, info)
-        return infos
-
-    @staticmethod
-    def _with_text(decoded, info: TokenInfo) -> list[TokenInfo] | None:
-        """A token's logprob goes out with its text, so that the logprobs' bytes spell the
-        content: held back while its text is (part of a character, or of what may be a
-        stop string), and dropped when its text never comes (an end token, a character
-        never completed)."""
-        held = decoded.choice.held_logprobs
-        if decoded.text:
-            decoded.choice.held_logprobs = []
-            return [*held, info]
-        if decoded.finish_reason is None:
-            held.append(info)
-        return None
 
     def _error(self, msg: BackendErrorMsg) -> list[FrontendMsg]:
         state = self.detokenize_manager.decode_map.get(msg.uid)

@@ -18,7 +18,7 @@ from minisgl.message import LifecycleStateMsg, TokenizeMsg, UserReply
 from minisgl.server.api_server import create_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.frontend import FrontendManager
-from minisgl.testing.fakes import FakeBackend
+from minisgl.testing.fakes import FakeBackend, scheduler_state
 
 MODEL = "quiz-model"
 
@@ -66,7 +66,7 @@ def answer(backend: FakeBackend, pieces: Sequence[str], finish_reason: str = "st
 def answer_queries(backend: FakeBackend) -> None:
     """Answer /debug/lifecycle's state query as idle workers would."""
     backend.on_query = lambda q: backend.inject(
-        LifecycleStateMsg(q.query_id, {"decode_states": 0}, {"running": 0})
+        LifecycleStateMsg(q.query_id, {"decode_states": 0}, scheduler_state())
     )
 
 

@@ -1,11 +1,12 @@
-"""Incremental detokenization never emits a broken character and loses no text."""
+"""Incremental detokenization never emits a broken character and loses no text; what it
+returns is the UserReply the client gets."""
 
 from __future__ import annotations
 
 import pytest
 from tiny import make_tokenizer
 
-from minisgl.message import DetokenizeMsg
+from minisgl.message import DetokenizeMsg, UserReply
 from minisgl.tokenizer import DetokenizeManager
 
 TEXTS = [
@@ -29,9 +30,10 @@ def test_deltas_concatenate_to_the_text_and_never_hold_a_broken_character(tokeni
     deltas = []
     for i, token in enumerate(ids):
         finish = "length" if i == len(ids) - 1 else None
-        (decoded,) = detok.feed([DetokenizeMsg(7, token, finish)])
-        delta = decoded.text
-        assert "\ufffd" not in delta and decoded.completion_tokens == i + 1
+        (reply,), stopped = detok.feed([DetokenizeMsg(7, token, finish)])
+        delta = reply.incremental_output
+        assert "\ufffd" not in delta and reply.completion_tokens == i + 1 and not stopped
+        assert reply.uid == 7 and reply.finished == (finish is not None)
         deltas.append(delta)
     assert "".join(deltas) == text
     assert 7 not in detok.decode_map  # the finishing token removed the state
@@ -43,7 +45,7 @@ def test_characters_split_across_tokens_are_held_back_until_complete(tokenizer):
     assert len(ids) > 6
     detok = DetokenizeManager(tokenizer)
     detok.add(8)
-    deltas = [d.text for (d,) in (detok.feed([DetokenizeMsg(8, t)]) for t in ids)]
+    deltas = [r.incremental_output for (r,), _ in (detok.feed([DetokenizeMsg(8, t)]) for t in ids)]
     assert deltas.count("") >= len(ids) - 3  # only a completing token emits text
     assert [d for d in deltas if d] == ["鲸", "鱼", "🐳"]
 
@@ -60,8 +62,8 @@ def test_interleaved_requests_keep_their_own_text(tokenizer):
             msgs.append(DetokenizeMsg(1, a[i], "length" if i == len(a) - 1 else None))
         if i < len(b):
             msgs.append(DetokenizeMsg(2, b[i], "length" if i == len(b) - 1 else None))
-        for msg, decoded in zip(msgs, detok.feed(msgs)):
-            out[msg.uid] += decoded.text
+        for msg, reply in zip(msgs, detok.feed(msgs)[0]):
+            out[msg.uid] += reply.incremental_output
     assert out == {1: TEXTS[0], 2: TEXTS[1]}
     assert detok.decode_map == {}
 
@@ -70,7 +72,7 @@ def test_a_late_token_for_a_removed_uid_is_dropped_and_recreates_nothing(tokeniz
     detok = DetokenizeManager(tokenizer)
     detok.add(3)
     detok.remove(3)  # e.g. the request was aborted
-    assert detok.feed([DetokenizeMsg(3, 42)]) == [None]
+    assert detok.feed([DetokenizeMsg(3, 42)]) == ([None], set())
     assert detok.decode_map == {}
 
 
@@ -79,8 +81,8 @@ def test_an_unfinished_multibyte_tail_is_not_emitted_at_finish(tokenizer):
     assert len(ids) > 1  # the emoji spans several byte-level tokens
     detok = DetokenizeManager(tokenizer)
     detok.add(4)
-    (decoded,) = detok.feed([DetokenizeMsg(4, ids[0], "length")])  # cut off mid-character
-    assert decoded.text == ""
+    (reply,), _ = detok.feed([DetokenizeMsg(4, ids[0], "length")])  # cut off mid-character
+    assert reply == UserReply(4, "", finished=True, finish_reason="length", completion_tokens=1)
 
 
 def test_several_steps_of_one_uid_in_one_batch_decode_in_order(tokenizer):
@@ -89,10 +91,11 @@ def test_several_steps_of_one_uid_in_one_batch_decode_in_order(tokenizer):
     detok = DetokenizeManager(tokenizer)
     detok.add(9, prompt_tokens=3)
     msgs = [DetokenizeMsg(9, t, "length" if i == len(ids) - 1 else None) for i, t in enumerate(ids)]
-    decoded = detok.feed(msgs)  # a worker that fell behind: every step in one batch
-    assert "".join(d.text for d in decoded) == text
-    assert [d.completion_tokens for d in decoded] == list(range(1, len(ids) + 1))
-    assert {d.prompt_tokens for d in decoded} == {3}
+    replies, _ = detok.feed(msgs)  # a worker that fell behind: every step in one batch
+    assert "".join(r.incremental_output for r in replies) == text
+    assert [r.completion_tokens for r in replies] == list(range(1, len(ids) + 1))
+    assert {r.prompt_tokens for r in replies} == {3}
+    assert [r.finished for r in replies] == [False] * (len(ids) - 1) + [True]
 
 
 def test_an_end_token_counts_but_its_text_is_not_output(tokenizer):
@@ -102,6 +105,32 @@ def test_an_end_token_counts_but_its_text_is_not_output(tokenizer):
     detok = DetokenizeManager(tokenizer)
     detok.add(10)
     *head, end = ids
-    decoded = detok.feed([DetokenizeMsg(10, t) for t in head] + [DetokenizeMsg(10, end, "stop")])
-    assert "".join(d.text for d in decoded) == tokenizer.decode(head)
-    assert decoded[-1].completion_tokens == len(ids) and decoded[-1].finish_reason == "stop"
+    msgs = [DetokenizeMsg(10, t) for t in head] + [DetokenizeMsg(10, end, "stop")]
+    replies, stopped = detok.feed(msgs)
+    assert "".join(r.incremental_output for r in replies) == tokenizer.decode(head)
+    assert replies[-1].completion_tokens == len(ids) and replies[-1].finish_reason == "stop"
+    assert stopped == set()  # the scheduler ended it: nothing to stop there
+
+
+def test_a_stop_string_ends_its_choice_alone_and_is_reported_for_the_scheduler(tokenizer):
+    """Two choices, one batch holding several steps of each: the stop string ends choice 0
+    at the token that completes it (its position is returned, so that the scheduler stops
+    that choice), its later tokens are dropped, and choice 1, which never says it, goes on."""
+    texts = ["plain ascii words", "plain words, no stop"]
+    zero, one = (tokenizer.encode(t, add_special_tokens=False) for t in texts)
+    detok = DetokenizeManager(tokenizer)
+    detok.add(11, prompt_tokens=2, n=2, stop=["ascii"])
+    msgs = [DetokenizeMsg(11, t, index=0) for t in zero]
+    msgs += [
+        DetokenizeMsg(11, t, "length" if j == len(one) - 1 else None, index=1)
+        for j, t in enumerate(one)
+    ]
+    replies, stopped = detok.feed(msgs)
+    (end,) = stopped
+    assert msgs[end].index == 0 and replies[end].finish_reason == "stop"
+    assert not replies[end].finished  # choice 1 still runs
+    assert all(r is None for r in replies[end + 1 : len(zero)])  # choice 0: dropped after
+    assert "".join(r.incremental_output for r in replies[: end + 1]) == "plain "
+    assert "".join(r.incremental_output for r in replies[len(zero) :]) == texts[1]
+    assert replies[-1].finished and replies[-1].finish_reason == "length"
+    assert detok.decode_map == {}

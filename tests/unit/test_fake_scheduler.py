@@ -3,6 +3,8 @@ and the frontend benchmark's stand-in process run: the per-request rules of the 
 
 from __future__ import annotations
 
+import msgspec
+
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortBackendMsg,
@@ -11,7 +13,7 @@ from minisgl.message import (
     StateQueryMsg,
     UserMsg,
 )
-from minisgl.testing.fakes import FakeScheduler
+from minisgl.testing.fakes import FakeScheduler, scheduler_state
 from minisgl.testing.server import ZERO_FRONTEND, ZERO_TOKENIZER, is_zero
 
 P = SamplingParams()
@@ -39,31 +41,21 @@ def test_each_step_sends_one_frame_with_a_token_per_running_request() -> None:
 
 def test_an_idle_fake_scheduler_reads_as_zero_to_the_tests_check() -> None:
     sched, _ = _scheduler()
-    state = {"frontend": ZERO_FRONTEND, "tokenizer": ZERO_TOKENIZER, "scheduler": sched.state()}
-    assert is_zero(state)
+
+    def lifecycle() -> dict:  # as /debug/lifecycle shows it
+        scheduler = msgspec.to_builtins(sched.state())
+        return {"frontend": ZERO_FRONTEND, "tokenizer": ZERO_TOKENIZER, "scheduler": scheduler}
+
+    assert is_zero(lifecycle())
     sched.handle([UserMsg.make(1, [5], P)])
-    assert not is_zero({**state, "scheduler": sched.state()})
+    assert not is_zero(lifecycle())
 
 
 def test_aborts_end_a_request_and_queries_see_the_live_counts() -> None:
     sched, frames = _scheduler()
     sched.handle([UserMsg.make(1, [5], P), UserMsg.make(2, [5], P), AbortBackendMsg(9)])
     sched.handle([AbortBackendMsg(1), StateQueryMsg(3)])
-    assert frames == [
-        [
-            SchedulerStateMsg(
-                3,
-                {
-                    "pending": 0,
-                    "running": 1,
-                    "table_slots_used": 1,
-                    "kv_pages_used": 0,
-                    "kv_pages_total": 0,
-                    "grammar_matchers": 0,
-                },
-            )
-        ]
-    ]
+    assert frames == [[SchedulerStateMsg(3, scheduler_state(running=1, table_slots_used=1))]]
     sched.sample((1, 4, False), (2, 4, True))  # uid 1 is gone: only uid 2 samples
     sched.late(1, 4)  # computed before the abort: sent all the same
     assert frames[1:] == [[DetokenizeMsg(2, 4, "length")], [DetokenizeMsg(1, 4, None)]]

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from minisgl.core import SamplingParams
 from minisgl.message import ErrorInfo, ErrorKind, LifecycleStateMsg, TokenizeMsg, UserReply
 from minisgl.server.errors import RequestFailed, to_http
-from minisgl.server.frontend import FrontendManager, Output
-from minisgl.testing.fakes import listening, make_frontend, settle
+from minisgl.server.frontend import FrontendManager, Lifecycle, Output
+from minisgl.testing.fakes import listening, make_frontend, scheduler_state, settle
 
 ZERO = {"requests": 0, "pending_bytes": 0}
 
@@ -436,15 +436,12 @@ async def test_lifecycle_combines_the_workers_answer_with_the_frontend_counts(fb
         query = asyncio.create_task(frontend.lifecycle(timeout=1))
         await settle()
         (msg,) = backend.queries()
-        backend.inject(LifecycleStateMsg(msg.query_id + 1000, {"decode_states": 7}, {}))  # stray
-        tokenizer, scheduler = {"decode_states": 1}, {"pending": 0, "running": 1}
+        stray = LifecycleStateMsg(msg.query_id + 1000, {"decode_states": 7}, scheduler_state())
+        backend.inject(stray)
+        tokenizer, scheduler = {"decode_states": 1}, scheduler_state(running=1)
         backend.inject(LifecycleStateMsg(msg.query_id, tokenizer, scheduler))
         result = await asyncio.wait_for(query, 1)
-    assert result == {
-        "frontend": {"requests": 1, "pending_bytes": 2},
-        "tokenizer": tokenizer,
-        "scheduler": scheduler,
-    }
+    assert result == Lifecycle({"requests": 1, "pending_bytes": 2}, tokenizer, scheduler)
     assert frontend._queries == {}
 
 
@@ -454,6 +451,6 @@ async def test_lifecycle_without_an_answer_times_out_and_forgets_the_query(fb):
         await frontend.lifecycle(timeout=0.05)
     (msg,) = backend.queries()
     assert frontend._queries == {}
-    backend.inject(LifecycleStateMsg(msg.query_id, {}, {}))  # a late answer is harmless
+    backend.inject(LifecycleStateMsg(msg.query_id, {}, scheduler_state()))  # late: harmless
     await settle()
     assert frontend.states == {}

@@ -20,7 +20,15 @@ import pytest
 import uvicorn
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from minisgl.message import ErrorInfo, ErrorKind, LifecycleStateMsg, TokenizeMsg, UserReply
+from minisgl.message import (
+    ErrorInfo,
+    ErrorKind,
+    LifecycleQueryMsg,
+    LifecycleStateMsg,
+    SchedulerState,
+    TokenizeMsg,
+    UserReply,
+)
 from minisgl.server.api_server import create_app
 from minisgl.server.args import ServerArgs
 from minisgl.server.frontend import FrontendManager
@@ -234,18 +242,99 @@ async def test_a_dead_backend_answers_503_on_health_and_on_new_requests():
     assert backend.tokenized() == []
 
 
-async def test_debug_lifecycle_shows_the_workers_answer():
+# the scheduler's counts as /debug/lifecycle names and orders them (outside checks read them)
+SCHEDULER_JSON = {
+    "pending": 1,
+    "running": 2,
+    "table_slots_used": 3,
+    "kv_pages_used": 4,
+    "kv_pages_total": 16,
+    "kv_pages_cached": 5,
+    "prefix_cache_nodes": 6,
+    "prefix_cache_query_tokens": 70,
+    "prefix_cache_hit_tokens": 30,
+    "grammar_matchers": 1,
+}
+
+
+def answer_with(backend: FakeBackend, scheduler: SchedulerState, flushed: int | None = None):
+    """The workers answer each state query with `scheduler`, plus `flushed` on a flush."""
+
+    def on_query(msg: LifecycleQueryMsg) -> None:
+        state = msgspec.structs.replace(scheduler)
+        if msg.flush_cache and flushed is not None:
+            state.flushed_pages = flushed
+        backend.inject(LifecycleStateMsg(msg.query_id, {"decode_states": 0}, state))
+
+    backend.on_query = on_query
+
+
+async def test_debug_lifecycle_shows_the_workers_answer_as_json_with_unset_fields_left_out():
     frontend, backend = make_frontend()
-    answer = ({"decode_states": 0}, {"pending": 0, "running": 0})
-    backend.on_query = lambda msg: backend.inject(LifecycleStateMsg(msg.query_id, *answer))
+    answer_with(backend, SchedulerState(**SCHEDULER_JSON))
     async with serving(frontend) as client:
         resp = await client.get("/debug/lifecycle")
     assert resp.status_code == 200
     assert resp.json() == {
         "frontend": {"requests": 0, "pending_bytes": 0},
-        "tokenizer": answer[0],
-        "scheduler": answer[1],
+        "tokenizer": {"decode_states": 0},
+        "scheduler": SCHEDULER_JSON,  # no flushed_pages (no flush), no ranks (one rank)
     }
+    assert list(resp.json()["scheduler"]) == list(SCHEDULER_JSON)
+
+
+async def test_debug_lifecycle_with_ranks_shows_each_rank_with_its_rank_and_pid_first():
+    frontend, backend = make_frontend()
+    state = SchedulerState(**SCHEDULER_JSON)
+    state.ranks = [state.on_rank(0, 100), state.on_rank(1, 101)]
+    answer_with(backend, state)
+    async with serving(frontend) as client:
+        scheduler = (await client.get("/debug/lifecycle")).json()["scheduler"]
+    assert list(scheduler) == [*SCHEDULER_JSON, "ranks"]
+    assert scheduler["ranks"] == [
+        {"rank": 0, "pid": 100, **SCHEDULER_JSON},
+        {"rank": 1, "pid": 101, **SCHEDULER_JSON},
+    ]
+    assert [list(r) for r in scheduler["ranks"]] == [["rank", "pid", *SCHEDULER_JSON]] * 2
+
+
+@pytest.mark.parametrize("flushed", [7, -1])
+async def test_flush_cache_answers_the_pages_freed_or_409_when_the_scheduler_was_busy(flushed):
+    frontend, backend = make_frontend()
+    answer_with(backend, SchedulerState(**SCHEDULER_JSON), flushed=flushed)
+    async with serving(frontend) as client:
+        resp = await client.post("/debug/flush_cache")
+    (query,) = backend.queries()
+    assert query.flush_cache
+    if flushed >= 0:
+        assert resp.status_code == 200 and resp.json() == {"flushed_pages": flushed}
+    else:
+        assert resp.status_code == 409 and resp.json()["error"]["code"] == "busy"
+
+
+async def test_metrics_gauges_come_from_the_schedulers_answer():
+    frontend, backend = make_frontend()
+    answer_with(backend, SchedulerState(**SCHEDULER_JSON))
+    async with serving(frontend) as client:
+        first = (await client.get("/metrics")).text
+        answer_with(backend, SchedulerState(**{**SCHEDULER_JSON, "prefix_cache_hit_tokens": 40}))
+        second = (await client.get("/metrics")).text
+
+    def metric(text: str, name: str) -> float:
+        (line,) = [line for line in text.splitlines() if line.split(" ")[0] == name]
+        return float(line.split(" ")[1])
+
+    assert metric(first, "minisgl_requests_running") == 2
+    assert metric(first, "minisgl_requests_pending") == 1
+    assert metric(first, "minisgl_kv_pages_used") == 4
+    assert metric(first, "minisgl_kv_pages_total") == 16
+    assert metric(first, "minisgl_kv_cache_usage_perc") == 4 / 16
+    assert metric(first, "minisgl_kv_pages_cached") == 5
+    assert metric(first, "minisgl_prefix_cache_queries_total") == 70
+    assert metric(first, "minisgl_prefix_cache_hits_total") == 30
+    # the scheduler's totals grew by 10 hits: the counter advances by as much
+    assert metric(second, "minisgl_prefix_cache_hits_total") == 40
+    assert metric(second, "minisgl_prefix_cache_queries_total") == 70
 
 
 # ---------------------------------------------------------------- client disconnects

@@ -57,7 +57,7 @@ def _check(llm: LLM, outs, schemas) -> None:
         for choice in out.outputs:
             assert choice.finish_reason == "stop", (choice.text, choice.finish_reason)
             jsonschema.validate(json.loads(choice.text), schema)
-    assert llm.scheduler.state()["grammar_matchers"] == 0
+    assert llm.scheduler.state().grammar_matchers == 0
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -117,7 +117,7 @@ def test_a_bad_schema_is_an_error_naming_json_schema(bad, tiny_dirs) -> None:
     llm = LLM(str(tiny_dirs["llama"]), device="cpu", page_size=4)
     (out,) = llm.generate([PROMPTS[0]], SamplingParams(json_schema=bad, max_tokens=4))
     assert out.error is not None and "JSON schema" in out.error
-    assert llm.scheduler.state()["grammar_matchers"] == 0
+    assert llm.scheduler.state().grammar_matchers == 0
 
 
 def test_a_schema_that_crashes_the_grammar_library_fails_only_its_request(tiny_dirs) -> None:
@@ -147,4 +147,4 @@ def test_a_constraint_the_grammar_library_gives_up_on_is_an_error_not_a_finish(t
         assert all(o.finish_reason is None for o in broken.outputs)
         assert len(fine.token_ids) == 6 and fine.error is None
         state = llm.scheduler.state()
-        assert state["grammar_matchers"] == 0 and state["kv_pages_used"] == 0
+        assert state.grammar_matchers == 0 and state.kv_pages_used == 0

@@ -17,7 +17,7 @@ def llm(tiny_dirs) -> LLM:
 
 def _idle(llm: LLM) -> bool:
     s = llm.scheduler.state()
-    return s["pending"] == s["running"] == s["table_slots_used"] == s["kv_pages_used"] == 0
+    return s.pending == s.running == s.table_slots_used == s.kv_pages_used == 0
 
 
 def test_text_prompts_chat_prompts_and_ids_give_text_ids_and_reason(llm) -> None:

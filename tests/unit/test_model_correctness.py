@@ -73,7 +73,7 @@ def test_chunked_prefill_matches_transformers(arch, overlap, tiny_dirs, referenc
     )
     outs = llm.generate(PROMPTS, _greedy())
     assert [o.token_ids for o in outs] == references[arch]
-    assert llm.scheduler.state()["kv_pages_used"] == 0
+    assert llm.scheduler.state().kv_pages_used == 0
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
@@ -92,7 +92,7 @@ def test_one_token_prefill_chunks_match_transformers(arch, overlap, tiny_dirs, r
     )
     outs = llm.generate(PROMPTS, _greedy())
     assert [o.token_ids for o in outs] == references[arch]
-    assert llm.scheduler.state()["kv_pages_used"] == 0
+    assert llm.scheduler.state().kv_pages_used == 0
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
@@ -109,7 +109,7 @@ def test_preemption_under_a_small_kv_pool_still_matches(
     assert [o.token_ids for o in outs] == references[arch]
     assert llm.scheduler.num_preemptions > 0
     state = llm.scheduler.state()
-    assert state["kv_pages_used"] == 0 and state["table_slots_used"] == 0
+    assert state.kv_pages_used == 0 and state.table_slots_used == 0
 
 
 @pytest.mark.gpu

@@ -43,7 +43,8 @@ def _user(uid: int, n: int, **params) -> UserMsg:
 
 
 def _live(sched: Scheduler) -> dict[str, int]:
-    return {k: v for k, v in sched.state().items() if k in ZERO}
+    state = sched.state()
+    return {k: getattr(state, k) for k in ZERO}
 
 
 def _tokens(replies: list, uid: int) -> list[int]:

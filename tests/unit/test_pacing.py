@@ -71,4 +71,4 @@ def test_a_long_prompt_beside_a_decoding_request_is_prefilled_in_paced_chunks(tm
     sched.abort_req(1)
     while sched.has_work:
         sched.step()
-    assert sched.state()["kv_pages_used"] == 0
+    assert sched.state().kv_pages_used == 0

@@ -79,7 +79,7 @@ def test_eviction_and_preemption_together_change_no_token(arch, tiny_dirs) -> No
         first = _tokens(llm.generate(prompts[:4], GREEDY))
         outs[cache] = first + _tokens(llm.generate(prompts, GREEDY))
         state = llm.scheduler.state()
-        assert state["kv_pages_used"] == 0 and state["table_slots_used"] == 0
+        assert state.kv_pages_used == 0 and state.table_slots_used == 0
         assert llm.scheduler.num_preemptions > 0
         if cache == "radix":
             assert llm.scheduler.cache_manager.evicted_pages > 0
@@ -163,8 +163,8 @@ def test_aborting_one_of_two_sharers_leaves_the_other_alone(abort_at, tiny_dirs)
     run(shared, [0], None)  # leaves the prefix cached
     assert run(shared, [1, 2], abort=1) == alone
     state = shared.state()
-    assert state["kv_pages_used"] == 0 and state["table_slots_used"] == 0
-    assert state["kv_pages_cached"] == state["prefix_cache_nodes"] > 0
+    assert state.kv_pages_used == 0 and state.table_slots_used == 0
+    assert state.kv_pages_cached == state.prefix_cache_nodes > 0
 
 
 def test_cached_prefixes_are_shared_only_between_equal_salts(tiny_dirs) -> None:

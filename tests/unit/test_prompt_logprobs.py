@@ -64,7 +64,7 @@ def _llm(tiny_dirs, arch: str, **options) -> LLM:
 
 def _idle(llm: LLM) -> None:
     s = llm.scheduler.state()
-    assert s["pending"] == s["running"] == s["table_slots_used"] == s["kv_pages_used"] == 0, s
+    assert s.pending == s.running == s.table_slots_used == s.kv_pages_used == 0, s
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -6,6 +6,7 @@ and every page and slot back in the pool afterwards."""
 from __future__ import annotations
 
 import pytest
+from msgspec import UNSET
 from tiny import tiny_cpu_engine
 
 from minisgl.core import SamplingParams
@@ -41,7 +42,8 @@ def _user(uid: int, n: int, **params) -> UserMsg:
 
 
 def _live(sched: Scheduler) -> dict[str, int]:
-    return {k: v for k, v in sched.state().items() if k in ZERO}
+    state = sched.state()
+    return {k: getattr(state, k) for k in ZERO}
 
 
 def _run_until_idle(sched: Scheduler, limit: int = 500) -> list:
@@ -96,14 +98,14 @@ def test_one_reply_per_step_per_uid_and_new_requests_join_running_ones(sched) ->
 def test_abort_while_waiting_frees_everything(sched) -> None:
     for uid in range(4):  # fill all four slots
         sched.process_msg(_user(uid, 5, max_tokens=20, ignore_eos=True))
-    while sched.state()["running"] < 4:
+    while sched.state().running < 4:
         sched.step()
     sched.process_msg(_user(99, 5, max_tokens=20, ignore_eos=True))
     sched.step()
-    assert sched.state()["pending"] == 1  # no slot for 99: it waits
-    assert sched.state()["table_slots_used"] == 4
+    assert sched.state().pending == 1  # no slot for 99: it waits
+    assert sched.state().table_slots_used == 4
     sched.process_msg(AbortBackendMsg(99))
-    assert sched.state()["pending"] == 0
+    assert sched.state().pending == 0
     for uid in range(4):
         sched.process_msg(AbortBackendMsg(uid))
     assert _live(sched) == ZERO
@@ -113,8 +115,8 @@ def test_abort_mid_chunked_prefill_frees_every_page_and_slot(sched) -> None:
     sched.process_msg(_user(20, 30, max_tokens=5))  # 30 tokens, budget 8: 4 chunks
     assert sched.step() == []  # first chunk: no token yet
     state = sched.state()
-    assert state["pending"] == 1 and state["table_slots_used"] == 1
-    assert state["kv_pages_used"] == 2  # 8 tokens in pages of 4
+    assert state.pending == 1 and state.table_slots_used == 1
+    assert state.kv_pages_used == 2  # 8 tokens in pages of 4
     sched.process_msg(AbortBackendMsg(20))
     assert _live(sched) == ZERO
 
@@ -124,7 +126,7 @@ def test_abort_while_decoding_frees_every_page_and_slot(sched) -> None:
     for _ in range(4):
         (reply,) = sched.step()
         assert reply.finish_reason is None
-    assert sched.state()["running"] == 1
+    assert sched.state().running == 1
     sched.process_msg(AbortBackendMsg(30))
     assert _live(sched) == ZERO
     assert sched.step() == []  # nothing more is produced for the aborted uid
@@ -143,8 +145,24 @@ def test_state_query_answers_with_live_counts(sched) -> None:
     sched.step()
     (reply,) = sched.process_msg(StateQueryMsg(query_id=7))
     assert isinstance(reply, SchedulerStateMsg) and reply.query_id == 7
-    assert reply.state["running"] == 1 and reply.state["kv_pages_total"] == sched.engine.num_pages
+    assert reply.state.running == 1 and reply.state.kv_pages_total == sched.engine.num_pages
+    assert reply.state.flushed_pages is UNSET and reply.state.ranks is UNSET  # one rank
     sched.process_msg(AbortBackendMsg(50))
+
+
+def test_a_flushing_state_query_reports_the_pages_freed_and_counts_after_the_flush(sched):
+    sched.process_msg(_user(51, 9, max_tokens=3, ignore_eos=True))
+    sched.step()
+    (busy,) = sched.process_msg(StateQueryMsg(1, flush_cache=True))
+    assert busy.state.flushed_pages == -1  # mid-prefill: nothing flushed
+    assert busy.state.pending == 1 and busy.state.prefix_cache_nodes > 0
+    _run_until_idle(sched)
+    cached = sched.state().kv_pages_cached
+    assert cached > 0  # the finished request's full pages stay in the prefix cache
+    (reply,) = sched.process_msg(StateQueryMsg(2, flush_cache=True))
+    assert reply.state.flushed_pages == cached
+    assert reply.state.kv_pages_cached == reply.state.prefix_cache_nodes == 0
+    assert _live(sched) == ZERO
 
 
 def test_eos_ends_a_request_with_stop(engine) -> None:

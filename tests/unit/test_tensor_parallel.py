@@ -2,18 +2,22 @@
 `tp_size=2` equal transformers' for tiny Llama, Qwen2 and Qwen3 checkpoints, and for one
 with fewer KV heads than ranks and a vocabulary that does not split evenly; batched with
 mixed lengths under chunked prefill; sampled tokens equal one rank's (same seeds); a
-stream left early aborts on every rank; both ranks' schedulers report their state and
-are back at zero; closing stops the other rank's process."""
+stream left early aborts on every rank; both ranks' schedulers report their state (each
+from its own process) and are back at zero, and a flush empties both ranks' caches;
+closing stops the other rank's process."""
 
 from __future__ import annotations
 
+import os
+
+import msgspec
 import pytest
 import torch
 from tiny import hf_references, make_checkpoint
 
 from minisgl import LLM, SamplingParams
 from minisgl.distributed import TPInfo, kv_heads, shard
-from minisgl.message import StateQueryMsg
+from minisgl.message import SchedulerState, StateQueryMsg
 
 ARCHS = ["llama", "qwen2", "qwen3", "llama_1kv"]
 NEW_TOKENS = 10
@@ -36,9 +40,13 @@ def references(checkpoints):
     return hf_references(checkpoints, ARCHS, PROMPTS, NEW_TOKENS)
 
 
-def _state(llm: LLM) -> dict:
+def _state(llm: LLM) -> SchedulerState:
     (reply,) = llm.scheduler.process_msg(StateQueryMsg(0))
     return reply.state
+
+
+def _counts(state) -> dict[str, int]:
+    return {k: getattr(state, k) for k in ZERO}
 
 
 def test_shards_split_heads_and_share_kv_heads_when_too_few():
@@ -62,7 +70,7 @@ def test_two_ranks_give_transformers_greedy_tokens(arch, checkpoints, references
         sampled = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, seed=11, n=2)
         got = [[c.token_ids for c in o.outputs] for o in llm.generate(PROMPTS[:3], sampled)]
         state = _state(llm)
-        assert [{k: r[k] for k in ZERO} for r in state["ranks"]] == [ZERO, ZERO]
+        assert [_counts(r) for r in state.ranks] == [ZERO, ZERO]
     finally:
         llm.close()
     single = LLM(str(checkpoints[arch]), device="cpu", page_size=4, max_prefill_tokens=16)
@@ -78,11 +86,23 @@ def test_a_stream_left_early_aborts_on_every_rank_and_close_stops_the_other(chec
         if i == 5:
             break  # the consumer leaves: the three requests are aborted
     state = _state(llm)
-    assert {k: state[k] for k in ZERO} == ZERO
-    assert [{k: r[k] for k in ZERO} for r in state["ranks"]] == [ZERO, ZERO]
+    assert _counts(state) == ZERO
+    assert [_counts(r) for r in state.ranks] == [ZERO, ZERO]
+    # each rank's own answer, from its own process
+    assert [r.rank for r in state.ranks] == [0, 1]
+    assert state.ranks[0].pid == os.getpid() and state.ranks[1].pid == follower.pid
     # and the ranks still agree afterwards
     (out,) = llm.generate([PROMPTS[2]], SamplingParams(max_tokens=6, ignore_eos=True))
     assert len(out.token_ids) == 6
+    # a flush empties every rank's cache alike; each rank reports its own pages freed, and
+    # the JSON of a rank's answer starts with its rank and pid, as /debug/lifecycle shows
+    (reply,) = llm.scheduler.process_msg(StateQueryMsg(1, flush_cache=True))
+    flushed = reply.state.flushed_pages
+    assert flushed > 0 and [r.flushed_pages for r in reply.state.ranks] == [flushed, flushed]
+    answer = msgspec.to_builtins(reply.state)
+    assert list(answer)[-2:] == ["flushed_pages", "ranks"]
+    assert list(answer["ranks"][1])[:3] == ["rank", "pid", "pending"]
+    assert answer["ranks"][1]["flushed_pages"] == flushed and "ranks" not in answer["ranks"][1]
     llm.close()
     follower.join(10)
     assert not follower.is_alive() and follower.exitcode == 0

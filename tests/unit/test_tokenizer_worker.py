@@ -25,6 +25,7 @@ from minisgl.message import (
     UserReply,
     pack_ids,
 )
+from minisgl.testing import scheduler_state
 from minisgl.tokenizer.server import TokenizerWorker
 
 MULTIBYTE = "什么是 KV Cache？鲸鱼🐳 and ✨ 流式输出。"
@@ -350,7 +351,7 @@ def test_lifecycle_query_round_trip_reports_the_tokenizer_own_count(tokenizer) -
     assert rec.frontend == []  # the answer waits for the scheduler
     rec.clear()
 
-    sched_state = {"pending": 1, "running": 1, "table_slots_used": 2, "kv_pages_used": 3}
+    sched_state = scheduler_state(pending=1, running=1, table_slots_used=2, kv_pages_used=3)
     worker.handle([SchedulerStateMsg(77, sched_state)])
     (msg,) = rec.frontend
     assert isinstance(msg, LifecycleStateMsg) and msg.query_id == 77
@@ -377,7 +378,7 @@ def test_lifecycle_state_counts_zero_after_every_request_ended(tokenizer) -> Non
         ]
     )
     rec.clear()
-    worker.handle([SchedulerStateMsg(1, {})])
+    worker.handle([SchedulerStateMsg(1, scheduler_state())])
     (msg,) = rec.frontend
     assert msg.tokenizer == {"decode_states": 0, "tokenizing": 0, "grammar_compiles": 0}
 
@@ -595,3 +596,25 @@ def test_the_logprobs_bytes_spell_the_content(tokenizer, ending) -> None:
     spelled = b"".join(i.raw for r in replies for i in r.logprobs or [])
     assert content and spelled == content.encode(), (content, spelled)
     assert _states(worker) == {}
+
+
+def test_with_echo_each_sampled_tokens_offset_points_at_its_text(tokenizer) -> None:
+    """Completions' echo puts the prompt ahead of the first output text: every sampled
+    token's text_offset counts it once (its text is found at its offset in the output)."""
+    from minisgl.message import TokenLogprob
+
+    worker, rec = _worker(tokenizer)
+    params = SamplingParams(max_tokens=8, logprobs=1)
+    worker.handle([TokenizeMsg(71, params, text="The capital", echo=True)])
+    ids = _ascii_tokens(tokenizer, " of France is Paris")
+    for j, token in enumerate(ids):
+        finish = "length" if j == len(ids) - 1 else None
+        lp = TokenLogprob(-0.5, [(token, -0.5)])
+        worker.handle([DetokenizeMsg(71, token, finish, logprob=lp)])
+    replies = [m for m in rec.frontend if isinstance(m, UserReply)]
+    output = "".join(r.incremental_output for r in replies)
+    assert output == "The capital of France is Paris"
+    infos = [i for r in replies for i in r.logprobs or []]
+    assert len(infos) == len(ids)
+    assert [output[i.offset : i.offset + len(i.token)] for i in infos] == [i.token for i in infos]
+    assert infos[0].offset == len("The capital")

@@ -277,7 +277,7 @@ def test_a_tiny_model_sampling_under_the_grammar_always_makes_valid_calls(tiny_d
         for name, arguments in named(calls):
             assert choice == "required" or name == choice
             jsonschema.validate(arguments, schemas[name])
-    assert llm.scheduler.state()["grammar_matchers"] == 0
+    assert llm.scheduler.state().grammar_matchers == 0
 
 
 # ---------------------------------------------------------------- the request
