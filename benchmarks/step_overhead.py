@@ -9,7 +9,7 @@ loop as `Scheduler.run_forever` runs it (receive, then `step()`), driven here in
 
 - receive: the loop over `process_msg` for the messages that arrived for the step (none
   while decoding, so ~0, but measured);
-- schedule: `Scheduler._schedule_next_batch` (with the cache manager's page-table flush);
+- schedule: `Policy.schedule` (and the page-table edits written by `Engine.write_pages`);
 - prepare: building the step's inputs (`StepInputBuilder.build`), the attention backend's
   `prepare` (or, replaying a CUDA graph, `DecodeGraphRunner.run` less the replay) and
   `Sampler.prepare`;

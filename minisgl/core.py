@@ -7,6 +7,16 @@ Contract:
   the token ids (prompt followed by outputs) and knows how far the KV cache has caught up
   (`cached_len`). It never touches devices: pages and table slots are handed to it by the
   managers.
+- `ReqStatus` is where a sequence is in its life; the scheduler's policy sets it at every
+  transition (scheduler/policy.py), and whether a sequence is alive, and which manager
+  holds it, is read from it (`Req.ended`), never inferred from its other fields:
+      BUILDING -> WAITING            its grammar's matcher is built (constrained only)
+      WAITING | PREEMPTED -> PREFILLING -> RUNNING   prefill chunks, then decoding
+      RUNNING -> PREEMPTED           evicted for recompute (back to the prefill manager)
+      PREFILLING -> WAITING          gave its pages back to running sequences
+      any -> FINISHED | ABORTED      a finish reason; an abort, a stop string, an error
+  WAITING, PREFILLING and PREEMPTED sequences are in the prefill manager, RUNNING ones in
+  the decode manager, BUILDING ones in neither (they hold nothing yet).
 - `Batch` is one forward step: the sequences in it and how many new tokens each adds.
 
 A sequence advances like this (T = seq_len, every token known so far):
@@ -23,6 +33,7 @@ With overlap scheduling the next step is scheduled while a token is still pendin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
 from typing import Any, Literal
 
@@ -190,6 +201,21 @@ class PromptScores:
     values: list[Any] = field(default_factory=list)
 
 
+class ReqStatus(Enum):
+    """Where a sequence is in its life (see the module docstring for the transitions)."""
+
+    BUILDING = "building"  # constrained: its grammar's matcher is being built
+    WAITING = "waiting"  # in the prefill manager, nothing of it computed for this admission
+    PREFILLING = "prefilling"  # in the prefill manager, partly prefilled
+    RUNNING = "running"  # in the decode manager: its prompt is cached, it decodes
+    PREEMPTED = "preempted"  # evicted from running for recompute: back in the prefill manager
+    FINISHED = "finished"  # ended with a finish reason
+    ABORTED = "aborted"  # ended by an abort, a stop string or an error
+
+
+_ENDED = frozenset({ReqStatus.FINISHED, ReqStatus.ABORTED})
+
+
 @dataclass(eq=False)
 class Req:
     """One sequence (one choice of one request) as the scheduler sees it."""
@@ -216,7 +242,12 @@ class Req:
     prompt_scores: PromptScores | None = None
     reported_len: int = 0  # output tokens already counted in a timeline's decode events
     finish_reason: FinishReason | None = None
-    ended: bool = False  # finished or aborted: a launched step's token for it is dropped
+    status: ReqStatus = ReqStatus.WAITING
+
+    @property
+    def ended(self) -> bool:
+        """Finished or aborted: a launched step's token for it is dropped."""
+        return self.status in _ENDED
 
     @property
     def key(self) -> tuple[int, int]:

@@ -15,9 +15,9 @@ never go through a GPU. `shard(n)` is the part of n things (heads, rows) a rank 
 No collective waits forever: every one times out after the group's `timeout` (a minute by
 default), so a rank that dies or stops turns into an error (`RanksFailed`) on the others
 instead of a hang. The other ranks wait for rank 0 between requests, which may be hours, so
-they must not wait inside a collective then: rank 0 says `rest_followers()` before it waits
-for work, and they sleep on the rendezvous store until its next collective wakes them
-(`wake_followers`, called for it by the scheduler's next call). `barrier(tag, timeout)`
+they must not wait inside a collective then: rank 0 says "rest" before it waits for work,
+and they sleep on the rendezvous store (`sleep_until_woken`) until its next collective
+wakes them (`wake_followers`; both driven by the scheduler's `Ranks`, scheduler/ranks.py). `barrier(tag, timeout)`
 lines the ranks up where they may be far apart (after each loaded its weights).
 """
 

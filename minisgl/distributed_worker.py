@@ -1,5 +1,6 @@
 """The ranks of a tensor-parallel model other than rank 0: each a process with its own
-engine (its shard) and scheduler, making the calls rank 0's scheduler broadcasts.
+engine (its shard) and scheduler, making the calls rank 0's scheduler broadcasts
+(`Ranks.follow`, minisgl/scheduler/ranks.py).
 
 Contract:
 - Offline: `start_ranks(engine_config, scheduler_config)` is called by an `LLM` (rank 0)
@@ -51,7 +52,7 @@ def stop_ranks(scheduler, procs: list, failed: bool = False) -> None:
     failed = failed or scheduler is None  # no scheduler: they never got to follow it
     if not failed:
         try:
-            scheduler.stop_followers()
+            scheduler.ranks.stop()
         except RanksFailed:
             failed = True
     for proc in procs:
@@ -82,9 +83,9 @@ def _follow(scheduler) -> None:
 
     try:
         with torch.inference_mode():
-            scheduler.follow()
+            scheduler.ranks.follow(scheduler)
     except RanksFailed as exc:  # rank 0 went away (or another rank stopped): nothing to follow
-        logging.getLogger(__name__).error("rank %d stops: %s", scheduler.tp.rank, exc)
+        logging.getLogger(__name__).error("rank %d stops: %s", scheduler.ranks.tp.rank, exc)
         raise SystemExit(1) from None
     destroy_tp()
 

@@ -146,7 +146,7 @@ class LLM:
             _open_tp = weakref.ref(self)
         self.engine = Engine(engine_config)
         self.scheduler = self._resources.scheduler = Scheduler(self.engine, scheduler_config)
-        self.scheduler.rest_followers()  # until the first request, however long that is
+        self.scheduler.ranks.rest()  # until the first request, however long that is
         self.tokenizer = load_tokenizer(self.engine.model_dir)
         # the server's own tokenizer worker, wired to this scheduler by two lists: what it
         # sends the scheduler, and its replies (which become this object's outputs)
@@ -240,7 +240,7 @@ class LLM:
                 self.worker.handle([AbortMsg(uid) for uid in live])
                 self.scheduler.process_msgs(self._backend_msgs())
                 self._replies.clear()
-                self.scheduler.rest_followers()
+                self.scheduler.ranks.rest()
 
     def _backend_msgs(self) -> list:
         msgs, self._backend[:] = list(self._backend), []

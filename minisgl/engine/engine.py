@@ -2,8 +2,9 @@
 
 Contract: the engine knows nothing about uids, messages or tokenization. It owns device
 memory: the weights, the KV page pool and, through its input builder (inputs.py), the page
-table (one row of page ids per request slot, on the device; the scheduler's cache manager
-writes the rows that change). `launch(batch)` starts one step for requests whose pages and
+table (one row of page ids per request slot, on the device). The scheduler's cache manager
+only records the entries that change; `write_pages(edits)` writes them on the device, once
+per step before the launch. `launch(batch)` starts one step for requests whose pages and
 slots the scheduler has already set up and returns at once with a `StepHandle`; on a GPU
 the step runs while the host goes on (overlap scheduling). `handle.result()` waits for it
 and returns the sampled token of every request that samples this step, in batch order.
@@ -205,6 +206,11 @@ class Engine:
     def page_table(self) -> torch.Tensor:
         """(slots + 1, max_pages) int32 on the device; the last row is the dummy slot's."""
         return self.inputs.page_table
+
+    def write_pages(self, edits: list[int]) -> None:
+        """Write the scheduler's page-table edits, flat (row, column, page) triples, on the
+        device before the step that reads them is launched."""
+        self.inputs.write_pages(edits)
 
     # ------------------------------------------------------------------ step
     def _run_model(

@@ -9,8 +9,10 @@ rows past the real ones padded as dummy requests.
 
 How it stays cheap on the host:
 - The builder owns the device page table (one row of page ids per request slot, plus a
-  last row of scratch pages that dummy rows point at). The cache manager writes the rows
-  of requests whose pages changed; a step only reads it, on the device.
+  last row of scratch pages that dummy rows point at). The scheduler's cache manager
+  records the entries of requests whose pages changed and hands them over once per step;
+  `write_pages(edits)` writes them in one copy (from a `Staging` ring of its own) and one
+  scatter on the device. A step only reads the table, on the device.
 - Per step the host writes a few small integer arrays (ids, positions, slots) into one
   buffer from a `Staging` ring (pinned on CUDA, so the copy never waits for the step the
   device is still running) and copies it to the device once, `non_blocking`. Everything
@@ -85,6 +87,7 @@ class StepInputBuilder:
         self.last_tokens = torch.zeros(max_reqs + 1, dtype=torch.int64, device=device)
         # --8<-- [end:page_table]
         self.staging = Staging(device)
+        self._page_staging = Staging(device)  # the page-table edits' copies
         self.decode_buffers: DecodeBuffers | None = None
         if max_graph_bs:
             self.decode_buffers = DecodeBuffers(
@@ -99,6 +102,18 @@ class StepInputBuilder:
                     device=device,
                 ),
             )
+
+    # --8<-- [start:flush]
+    def write_pages(self, edits: list[int]) -> None:
+        """Write page-table entries, flat (row, column, page) triples (the cache manager's
+        `take_edits()`), into the page table: one copy to the device."""
+        if not edits:
+            return
+        entries = self._page_staging.to_device(edits, torch.int32).view(-1, 3)
+        rows, cols = entries[:, 0].long(), entries[:, 1].long()
+        self.page_table.index_put_((rows, cols), entries[:, 2])
+
+    # --8<-- [end:flush]
 
     # --8<-- [start:build]
     def build(self, batch: Batch, pad_to: int | None = None) -> StepInputs:

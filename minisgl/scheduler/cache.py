@@ -1,13 +1,15 @@
-"""CacheManager: KV pages of each sequence, kept in step with the engine's page table, and
-the prefix cache that keeps finished prefixes' pages for reuse.
+"""CacheManager: KV pages of each sequence, the page-table entries that changed, and the
+prefix cache that keeps finished prefixes' pages for reuse.
 
 Contract: `pages_needed(req, length)` says how many more pages `req` needs to hold `length`
 tokens, and `next_token_pages(reqs)` how many (0 or 1) each of `reqs` needs for its next
 token; `grow(req, length)` takes them (evicting cached pages first if the allocator is
 short) and records them for the sequence's row of the page table; `bind(req)` records all
-its pages for a freshly assigned row; `flush()` writes what was recorded into the page
-table (on the engine's device) in one operation, and is called once per step before the
-step is launched; `release(req)` gives its pages back. Pages are taken as a sequence grows
+its pages for a freshly assigned row; `take_edits()` hands over what was recorded since
+the last call, as flat (row, column, page) triples. It never touches the page table
+itself, which is the engine's (on its device): the step loop passes the edits to
+`Engine.write_pages` once per step, before the step is launched (scheduler.py).
+`release(req)` gives its pages back. Pages are taken as a sequence grows
 (one page at a time when decoding), never reserved ahead.
 
 Pages can be shared: the choices of one request (n > 1) share the pages of their common
@@ -35,25 +37,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-import torch
-
 from minisgl.core import Req
 from minisgl.kvcache import PageAllocator
-from minisgl.utils.staging import Staging
 
 from .radix import RadixCache
 
 
 class CacheManager:
-    def __init__(
-        self, num_pages: int, page_size: int, page_table: torch.Tensor, prefix_cache: bool = False
-    ) -> None:
+    def __init__(self, num_pages: int, page_size: int, prefix_cache: bool = False) -> None:
         self.allocator = PageAllocator(num_pages)
         self.page_size = page_size
-        self.page_table = page_table  # (slots + 1, max_pages) int32, on the engine's device
-        self._staging = Staging(page_table.device)
         self._holders = [0] * num_pages  # live sequences holding each page
-        self._edits: list[int] = []  # (row, column, page) triples not yet in page_table
+        self._edits: list[int] = []  # (row, column, page) triples not handed over yet
         self.tree = RadixCache(page_size) if prefix_cache else None
         # pages held by the cache alone, least recently released first
         self._unreferenced: OrderedDict[int, None] = OrderedDict()
@@ -113,17 +108,11 @@ class CacheManager:
         for col, page in enumerate(pages, start):
             self._edits += (row, col, page)
 
-    # --8<-- [start:flush]
-    def flush(self) -> None:
-        """Write the recorded page ids into the page table: one copy to the device."""
-        if not self._edits:
-            return
-        edits = self._staging.to_device(self._edits, torch.int32).view(-1, 3)
-        rows, cols = edits[:, 0].long(), edits[:, 1].long()
-        self.page_table.index_put_((rows, cols), edits[:, 2])
-        self._edits = []
-
-    # --8<-- [end:flush]
+    def take_edits(self) -> list[int]:
+        """The page-table entries recorded since the last call: (row, column, page) triples,
+        flat, for the engine to write (`Engine.write_pages`)."""
+        edits, self._edits = self._edits, []
+        return edits
 
     def share(self, source: Req, target: Req, num_pages: int) -> None:
         """`target` holds the first `num_pages` pages of `source` too (read-only prefix)."""

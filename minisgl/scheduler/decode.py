@@ -1,9 +1,10 @@
 """DecodeManager: requests whose prompt is cached and that produce one token per step.
 
-Contract: `running` holds them in admission order. `schedule_next(cache, evict)` gives each
-a page for its next token (except one whose pending token is its last, see scheduler.py); when the pool runs dry it preempts the most recently admitted
-requests (`evict` frees a victim's pages and slot; the victim is recomputed later) and returns
-them. `abort_req(uid)` removes and returns a running request.
+Contract: `running` holds them (the RUNNING sequences, core.py) in admission order.
+`schedule_next(cache, evict)` gives each a page for its next token (except one whose pending
+token is its last, see policy.py); when the pool runs dry it preempts the most recently
+admitted requests (`evict` frees a victim's pages and slot; the victim is recomputed later)
+and returns them, for the policy to mark PREEMPTED and readmit. `abort_req(uid)` removes and returns a running request.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Contract: `ZmqSchedulerIO` is the process's implementation of the scheduler's I/
 the launcher terminates the process or the process sees its parent gone (`receive` raises
 `ParentGone` then).
 With tensor parallelism it is rank 0: it joins the ranks' process group first, and its
-scheduler's calls are mirrored to the other ranks (minisgl/distributed_worker.py). A rank
+scheduler's calls, with what they received, are broadcast to the other ranks, which make
+the same calls (ranks.py; their processes: minisgl/distributed_worker.py). A rank
 that dies or stops makes a collective fail within --dist-timeout seconds: every request in
 flight is then answered with an error, and the process exits (status 1) so that the
 launcher stops the server, whose ranks can no longer compute together.

@@ -139,11 +139,11 @@ def _engine_prefill_logits(engine, prompt: list[int]) -> torch.Tensor:
     from minisgl.core import Batch, Req
     from minisgl.scheduler.cache import CacheManager
 
-    cache = CacheManager(engine.num_pages, engine.page_size, engine.page_table)
+    cache = CacheManager(engine.num_pages, engine.page_size)
     req = Req(0, list(prompt), len(prompt), len(prompt) + 1, SamplingParams(), seed=0)
     req.table_idx = 0
     cache.grow(req, len(prompt))
-    cache.flush()
+    engine.write_pages(cache.take_edits())
     req.extend_len = len(prompt)
     return engine.logits(Batch([req]))[0]
 

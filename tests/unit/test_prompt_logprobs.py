@@ -141,7 +141,7 @@ def test_a_prefill_interrupted_and_recomputed_scores_each_position_once(tiny_dir
     sched.step()  # 16 of 41 tokens prefilled, 16 positions scored
     (req,) = sched.prefill_manager.pending
     assert req.prompt_scores.launched == 16 and len(req.prompt_scores.values) == 16
-    sched._free_req_resources(req)  # what _make_room_for_decode does to it
+    sched.policy._take_back(req)  # what _make_room_for_decode does to it
     assert req.cached_len == 0
     replies = []
     while sched.has_work:

@@ -4,7 +4,6 @@ manager's reference counts, LRU eviction and page states under random interleavi
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,9 +49,8 @@ def test_remove_takes_the_subtree_with_it() -> None:
 
 
 # ---------------------------------------------------------------------------- the manager
-def _manager(num_pages: int, slots: int = 8, prefix_cache: bool = True) -> CacheManager:
-    table = torch.zeros(slots + 1, 16, dtype=torch.int32)
-    return CacheManager(num_pages, PS, table, prefix_cache=prefix_cache)
+def _manager(num_pages: int, prefix_cache: bool = True) -> CacheManager:
+    return CacheManager(num_pages, PS, prefix_cache=prefix_cache)
 
 
 def _req(uid: int, tokens: list[int], slot: int = 0) -> Req:

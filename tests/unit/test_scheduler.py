@@ -168,8 +168,60 @@ def test_a_flushing_state_query_reports_the_pages_freed_and_counts_after_the_flu
 def test_eos_ends_a_request_with_stop(engine) -> None:
     # make every token an end token: the first sampled token must finish the request
     sched = Scheduler(engine)
-    sched.eos_token_ids = frozenset(range(engine.model_config.vocab_size))
+    sched.policy.eos_token_ids = frozenset(range(engine.model_config.vocab_size))
     sched.process_msg(_user(60, 5, max_tokens=10))
     (reply,) = _run_until_idle(sched)
     assert isinstance(reply, DetokenizeMsg) and reply.finish_reason == "stop"
+    assert _live(sched) == ZERO
+
+
+def test_a_sequence_s_status_is_set_at_every_transition_and_names_its_holder(
+    tiny_dirs, monkeypatch
+) -> None:
+    """`Req.status` follows each sequence through waiting, chunked prefill, running,
+    preemption (9 pages for requests that need more), forking n choices, then finished or
+    aborted, only along the transitions core.py names; between steps a sequence is in the
+    manager its status names, and in no manager once it ended."""
+    from minisgl.core import Req, ReqStatus
+    from minisgl.scheduler import policy
+
+    W, PF, R, P = ReqStatus.WAITING, ReqStatus.PREFILLING, ReqStatus.RUNNING, ReqStatus.PREEMPTED
+    F, A = ReqStatus.FINISHED, ReqStatus.ABORTED
+    allowed = {(W, PF), (W, R), (PF, R), (PF, W), (R, P), (P, PF), (P, R), (R, F), (P, F)}
+    allowed |= {(s, A) for s in (W, PF, R, P)}
+    traces: list[tuple[Req, list[ReqStatus]]] = []
+
+    class Traced(Req):
+        def __setattr__(self, name, value) -> None:
+            if name == "status":
+                if "status" not in self.__dict__:
+                    traces.append((self, []))
+                next(t for r, t in traces if r is self).append(value)
+            super().__setattr__(name, value)
+
+    monkeypatch.setattr(policy, "Req", Traced)
+    small = tiny_cpu_engine(tiny_dirs["llama"], num_pages=9, max_seq_len=32)
+    sched = Scheduler(small, SchedulerConfig(max_prefill_tokens=8))
+    for uid, length, n in ((1, 14, 1), (2, 9, 1), (3, 5, 2), (4, 6, 1)):
+        params = SamplingParams(max_tokens=10, ignore_eos=True, n=n)
+        assert sched.process_msg(UserMsg.make(uid, [3 + j for j in range(length)], params)) == []
+    sched.process_msg(AbortBackendMsg(4))  # while it waits
+    for _ in range(200):
+        if not sched.has_work:
+            break
+        sched.step()
+        assert all(r.status in (W, PF, P) for r in sched.prefill_manager.pending)
+        assert all(r.status is R for r in sched.decode_manager.running.values())
+        held = {
+            id(r) for r in (*sched.prefill_manager.pending, *sched.decode_manager.running.values())
+        }
+        assert all(id(r) not in held for r, _ in traces if r.ended)
+    assert not sched.has_work and sched.num_preemptions > 0
+    assert len(traces) == 5  # four requests, one of them with a forked second choice
+    for req, trace in traces:
+        steps = [s for i, s in enumerate(trace) if i == 0 or s is not trace[i - 1]]
+        assert steps[0] is W and steps[-1] in (F, A), (req, steps)
+        assert all(pair in allowed for pair in zip(steps, steps[1:])), (req, steps)
+    assert {s for _, t in traces for s in t} == {W, PF, R, P, F, A}
+    assert [r.status for r, _ in traces if r.uid == 4] == [A]
     assert _live(sched) == ZERO

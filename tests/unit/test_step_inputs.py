@@ -15,7 +15,7 @@ PS, SLOTS, MAX_PAGES, NUM_PAGES = 4, 6, 8, 40
 
 def _setup():
     builder = StepInputBuilder(SLOTS, MAX_PAGES, PS, NUM_PAGES, torch.device("cpu"), 8)
-    cache = CacheManager(NUM_PAGES, PS, builder.page_table)
+    cache = CacheManager(NUM_PAGES, PS)
     return builder, cache
 
 
@@ -39,7 +39,7 @@ def test_a_mixed_batch_matches_each_requests_pages_and_tokens() -> None:
         _req(0, list(range(30, 43)), 4, 9, cache),  # prefill chunk over a cached prefix
         _req(5, list(range(50, 57)), 0, 5, cache),  # first chunk, does not sample
     ]
-    cache.flush()
+    builder.write_pages(cache.take_edits())
     inputs = builder.build(Batch(reqs))
     ids, pos, slots = [], [], []
     for r in reqs:
@@ -62,7 +62,7 @@ def test_a_pending_token_is_read_from_the_device() -> None:
     builder, cache = _setup()
     a = _req(1, [5, 6, 7], 3, 1, cache)
     b = _req(3, [8, 9], 2, 1, cache)
-    cache.flush()
+    builder.write_pages(cache.take_edits())
     for r in (a, b):  # each sampled a token the host has not seen yet
         r.num_pending = 1
     first = builder.build(Batch([a]))  # a step that samples for slot 1 ...
@@ -76,7 +76,7 @@ def test_a_pending_token_is_read_from_the_device() -> None:
 def test_padded_rows_only_touch_the_scratch_page() -> None:
     builder, cache = _setup()
     reqs = [_req(s, [1, 2, 3, 4, 5], 4, 1, cache) for s in (0, 4, 2)]
-    cache.flush()
+    builder.write_pages(cache.take_edits())
     inputs = builder.build(Batch(reqs), pad_to=8)
     buf = builder.decode_buffers
     assert inputs.input_ids.data_ptr() == buf.input_ids.data_ptr()  # what a graph reads
@@ -94,10 +94,10 @@ def test_padded_rows_only_touch_the_scratch_page() -> None:
 def test_flush_writes_only_changed_rows_once() -> None:
     builder, cache = _setup()
     r = _req(4, list(range(9)), 0, 9, cache)
-    cache.flush()
+    builder.write_pages(cache.take_edits())
     assert builder.page_table[4, :3].tolist() == r.pages
     assert cache._edits == []
     cache.grow(r, 13)  # one more page
-    cache.flush()
+    builder.write_pages(cache.take_edits())
     assert builder.page_table[4, :4].tolist() == r.pages
     assert (builder.page_table[SLOTS] == NUM_PAGES).all()  # the dummy row stays scratch

@@ -1,0 +1,474 @@
+"""Policy: which sequences run in each step, over an explicit status per sequence.
+
+Contract (vLLM v1's shape; the step loop in scheduler.py drives it):
+- `add(msg)` admits one `UserMsg`. It is checked first against what only the model
+  knows: an empty prompt, one that leaves no room to generate, a token id outside the
+  vocabulary are answered at once with a `BackendErrorMsg` for that uid (returned), never
+  dropped. The sampling values' own rules (`SamplingParams.validate`) were checked where
+  the request entered (the HTTP request model, `LLM.generate`). A constrained request
+  waits (BUILDING) until its grammar's matcher is built off the loop: `ready_matchers()`
+  says whose are, `admit_built(uids)` queues those (or ends one with an error).
+- `abort(uid, index)` removes the request (or one of its choices) wherever it is (its
+  matcher being built, waiting, mid-chunked-prefill, decoding) and frees its slots and
+  pages; a uid the policy does not know is ignored (it may have just finished).
+- `schedule()` returns the next `Step` (every decoding sequence plus as many prefill chunks
+  as the token budget allows), or None, with the page-table edits it needs recorded in the
+  cache manager; `launched(step)` moves the sequences' host state on once the engine has
+  read it (the launch reads `cached_len` and `extend_len`); `update(step, output)` reads the
+  step's tokens: one `DetokenizeMsg` per sequence that produced a token and had not ended;
+  the last one of a sequence carries its finish_reason, and its resources are already free
+  when it is returned.
+- `state()` is the scheduler's state answer (/debug/lifecycle); `fail_all(error)` an error
+  for every request held.
+
+It owns the table, cache, prefill and decode managers, admission, forking the n choices,
+aborts, preemption, the matchers being built, the seeds it is handed and its counters. It
+has no rank code (the step loop makes every rank call it alike: ranks.py) and no pipeline
+code (what is in flight, overlap and the engine's launch are the step loop's).
+
+Every sequence (one choice of a request; n choices share the prompt's pages) has a
+`Req.status` (core.py), set here at every transition: WAITING, PREFILLING and PREEMPTED
+ones are in the prefill manager, RUNNING ones in the decode manager, BUILDING ones in
+neither; FINISHED and ABORTED ones in none, their resources free.
+
+Under overlap a sequence's latest token is *pending* (on the device) while the next step is
+scheduled: it decodes from the device copy, and whether that token ended the sequence is
+known one step late. So a sequence that ends (finish, abort, error) while a launched step
+still holds it is freed at once, exactly once (`_end`, `abort`); the launched step's work
+for it is wasted and its token is dropped when that step's results are read (`ended`). A
+sequence whose length alone ends it is not scheduled past its last token.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as wait_for_futures
+from typing import TYPE_CHECKING
+
+from minisgl.core import Batch, PromptScores, Req, ReqStatus, SamplingParams
+from minisgl.engine.grammar import GrammarError, Grammars, advance
+from minisgl.message import (
+    BackendErrorMsg,
+    DetokenizeMsg,
+    ErrorInfo,
+    ErrorKind,
+    SchedulerState,
+    TokenizerMsg,
+    UserMsg,
+)
+
+from .cache import CacheManager
+from .config import SchedulerConfig
+from .decode import DecodeManager
+from .prefill import PrefillManager
+from .table import TableManager
+from .timeline import SchedulerRecorder
+
+if TYPE_CHECKING:
+    from minisgl.engine.engine import Engine, StepOutput
+
+logger = logging.getLogger(__name__)
+
+
+def _error(
+    msg: UserMsg, kind: ErrorKind, message: str, field: str | None = None
+) -> BackendErrorMsg:
+    return BackendErrorMsg(msg.uid, ErrorInfo(kind, message, field))
+
+
+class Step:
+    """A scheduled batch and what the policy reads back from it: who samples (decided
+    before `cached_len` moves) and, once launched, who samples from the prompt, whose
+    prompt it scores and which max_tokens 0 sequences end with it."""
+
+    __slots__ = ("batch", "sampling", "first", "scoring", "prefilled")
+
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
+        self.sampling: list[Req] = batch.sampling_reqs
+        self.first: list[Req] = []  # the sequences that sample from their prompt
+        self.scoring: list[Req] = []  # per entry of the batch's `scoring`: whose prompt
+        self.prefilled: list[Req] = []  # max_tokens 0: prompts cached in this step
+
+
+class Policy:
+    def __init__(
+        self,
+        engine: Engine,
+        config: SchedulerConfig,
+        timeline: SchedulerRecorder,
+        seeds: random.Random,
+        budget: Callable[[int], int],
+    ) -> None:
+        """`engine` for its sizes only (context, vocabulary, pages, slots); `seeds` draws
+        the seed of a request that brings none; `budget(decodes)` is the prefill token
+        budget of a step beside that many decodes (the step loop's pacer)."""
+        self.timeline = timeline
+        self.max_seq_len = engine.max_seq_len
+        self.vocab_size = engine.model_config.vocab_size
+        self.eos_token_ids = engine.model_config.eos_token_ids
+        self.table_manager = TableManager(engine.config.max_running_requests)
+        self.cache_manager = CacheManager(
+            engine.num_pages, engine.page_size, prefix_cache=config.prefix_cache == "radix"
+        )
+        self.prefill_manager = PrefillManager()
+        self.decode_manager = DecodeManager()
+        self.grammars = Grammars(engine.model_dir, self.vocab_size)
+        # constrained requests whose matcher is being built (off the loop), by uid
+        self._building: dict[int, tuple[Req, Future]] = {}
+        self._seeds = seeds
+        self._budget = budget
+        self.num_preemptions = 0  # requests evicted for recompute since start
+
+    # ------------------------------------------------------------------ state
+    @property
+    def runnable(self) -> bool:
+        """A step would have something to run."""
+        return self.prefill_manager.runnable or self.decode_manager.runnable
+
+    @property
+    def building(self) -> bool:
+        """Some request waits for its matcher."""
+        return bool(self._building)
+
+    def state(self) -> SchedulerState:
+        return SchedulerState(
+            pending=len(self.prefill_manager) + len(self._building),
+            running=len(self.decode_manager),
+            table_slots_used=self.table_manager.used,
+            kv_pages_used=self.cache_manager.used,  # held by live requests
+            kv_pages_total=self.cache_manager.total,
+            kv_pages_cached=self.cache_manager.cached,  # held by the prefix cache alone
+            prefix_cache_nodes=self.cache_manager.nodes,
+            prefix_cache_query_tokens=self.cache_manager.query_tokens,
+            prefix_cache_hit_tokens=self.cache_manager.hit_tokens,
+            # sequences whose output a grammar constrains (each holds a matcher)
+            grammar_matchers=sum(
+                r.matcher is not None
+                for r in (*self.prefill_manager.pending, *self.decode_manager.running.values())
+            ),
+        )
+
+    def fail_all(self, error: ErrorInfo) -> list[TokenizerMsg]:
+        """The scheduler cannot go on (its ranks fell out of step): an error reply for
+        every request it holds. Their state stays: the process exits next."""
+        uids = {r.uid for r in self.prefill_manager.pending}
+        uids |= {uid for uid, _ in self.decode_manager.running}
+        uids |= set(self._building)
+        return [BackendErrorMsg(uid, error) for uid in sorted(uids)]
+
+    # ------------------------------------------------------------------ admission
+    # --8<-- [start:validate]
+    def add(self, msg: UserMsg) -> BackendErrorMsg | None:
+        ids, params = msg.input_ids, msg.sampling_params
+        max_seq_len, vocab = self.max_seq_len, self.vocab_size
+        if not ids:
+            return _error(msg, ErrorKind.EMPTY_PROMPT, "the prompt is empty")
+        if len(ids) >= max_seq_len:
+            return _error(
+                msg,
+                ErrorKind.CONTEXT_LENGTH_EXCEEDED,
+                f"the prompt has {len(ids)} tokens, but this server's context is "
+                f"{max_seq_len} tokens and at least one must be left to generate; "
+                "shorten the prompt",
+            )
+        for field, token_ids in (
+            (None, ids),  # the prompt, whatever the endpoint calls it
+            ("stop_token_ids", params.stop_token_ids),
+            ("logit_bias", list(params.logit_bias)),
+        ):
+            if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
+                where = field or "the prompt"
+                message = f"{where}: token ids must be in [0, {vocab})"
+                return _error(msg, ErrorKind.INVALID_TOKEN_ID, message, field)
+        constrained = params.json_schema is not None or params.grammar is not None
+        if constrained and msg.grammar is None:  # a caller that skipped the compile step
+            field = "json_schema" if params.json_schema is not None else "grammar"
+            message = f"{field} reached the scheduler uncompiled (compile it first)"
+            return _error(msg, ErrorKind.INVALID_SAMPLING_VALUE, message, field)
+        # more than the room left is clamped; hitting the clamp is finish_reason "length"
+        room = max_seq_len - len(ids)
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        req = Req(
+            uid=msg.uid,
+            token_ids=ids,
+            prompt_len=len(ids),
+            max_len=len(ids) + max_tokens,
+            sampling_params=params,
+            seed=self._seed_for(params, 0),
+            eos_token_ids=self.eos_token_ids,
+            forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
+            prompt_scores=PromptScores() if params.prompt_logprobs is not None else None,
+        )
+        if constrained:  # queued once its matcher is built, off this loop (llguidance)
+            req.status = ReqStatus.BUILDING
+            self._building[req.uid] = (req, self.grammars.build(msg.grammar))
+        else:
+            self.prefill_manager.add_req(req)  # WAITING
+        return None
+
+    # --8<-- [end:validate]
+
+    def _seed_for(self, params: SamplingParams, index: int) -> int:
+        """A user's seed makes every choice reproducible; otherwise each gets a fresh one."""
+        if params.seed is None:
+            return self._seeds.getrandbits(63)
+        return params.seed + index
+
+    def ready_matchers(self) -> list[int]:
+        """The requests whose matcher is built (with several ranks, rank 0's list is what
+        every rank admits: the step loop agrees on it)."""
+        return [uid for uid, (_, future) in self._building.items() if future.done()]
+
+    def wait_for_matchers(self, timeout: float) -> None:
+        """Idle but for matchers being built: sleep until one is ready (or `timeout`)."""
+        futures = [future for _, future in self._building.values()]
+        if futures:
+            wait_for_futures(futures, timeout, return_when=FIRST_COMPLETED)
+
+    def admit_built(self, uids: list[int]) -> list[TokenizerMsg]:
+        """Queue the requests whose matcher is built; a grammar llguidance refused after all
+        ends its request with an error."""
+        errors: list[TokenizerMsg] = []
+        for uid in uids:
+            req, future = self._building.pop(uid)
+            try:
+                req.matcher = future.result()
+            except GrammarError as e:
+                req.status = ReqStatus.ABORTED
+                field = _constraint_field(req.sampling_params)
+                self.timeline.errored(uid, ErrorKind.INVALID_SAMPLING_VALUE.value)
+                info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
+                errors.append(BackendErrorMsg(uid, info))
+                continue
+            req.status = ReqStatus.WAITING
+            self.prefill_manager.add_req(req)
+        return errors
+
+    # --8<-- [start:fork]
+    def _fork(self, first: Req) -> None:
+        """The other choices of `first`'s request share the pages of its cached prompt.
+        Each recomputes only the page that holds the prompt's last token (at most
+        page_size tokens, into a page of its own: that position's output is what the
+        choice samples its first token from), then decodes on its own."""
+        shared = (first.prompt_len - 1) // self.cache_manager.page_size
+        children = []
+        for index in range(1, first.forks_left + 1):
+            child = Req(
+                uid=first.uid,
+                token_ids=first.token_ids[: first.prompt_len],
+                prompt_len=first.prompt_len,
+                max_len=first.max_len,
+                sampling_params=first.sampling_params,
+                seed=self._seed_for(first.sampling_params, index),
+                eos_token_ids=first.eos_token_ids,
+                index=index,
+                # the first choice's matcher has consumed nothing yet: its first token
+                # is being sampled in the step that forks
+                matcher=first.matcher and self.grammars.copy(first.matcher),
+            )
+            self.cache_manager.share(first, child, shared)
+            child.cached_len = shared * self.cache_manager.page_size
+            children.append(child)
+        first.forks_left = 0
+        self.prefill_manager.readmit(children)  # WAITING, at the front
+
+    # --8<-- [end:fork]
+
+    # --8<-- [start:abort_req]
+    def abort(self, uid: int, index: int | None = None, how: str = "aborted") -> list[Req]:
+        """Remove a request's sequences (one choice, or all) wherever they are (`how` it
+        ended, for the timeline: "aborted", or "error")."""
+        if uid in self._building:  # its matcher is still being built: it holds nothing
+            req, _ = self._building.pop(uid)
+            req.status = ReqStatus.ABORTED
+            self.timeline.ended(req, how, sequences=1 + req.forks_left)
+            return [req]
+        reqs = self.prefill_manager.abort_req(uid, index)
+        reqs += self.decode_manager.abort_req(uid, index)
+        for req in reqs:
+            # one choice stopped by a stop string, or all
+            self.timeline.ended(req, how if index is None else "stop", 1 + req.forks_left)
+            req.forks_left = 0  # an aborted first choice forks no others
+            req.status = ReqStatus.ABORTED  # a token a launched step still makes is dropped
+            self._free_req_resources(req)
+        return reqs
+
+    def _free_req_resources(self, req: Req) -> None:
+        """Give back a sequence's pages and slot; it may be readmitted from scratch later."""
+        self.cache_manager.release(req)
+        if req.table_idx >= 0:
+            self.table_manager.free(req.table_idx)
+            req.table_idx = -1
+        req.cached_len = 0
+        req.extend_len = 0
+
+    # --8<-- [end:abort_req]
+
+    # ------------------------------------------------------------------ one step
+    # --8<-- [start:schedule]
+    def schedule(self) -> Step | None:
+        """The next step's batch: every decoding sequence that can grow (preempting the
+        newest when pages run out), then prefill chunks under the token budget."""
+        self._make_room_for_decode()
+        decode, preempted = self.decode_manager.schedule_next(
+            self.cache_manager, self._free_req_resources
+        )
+        if preempted:
+            for req in preempted:
+                req.status = ReqStatus.PREEMPTED
+            self.num_preemptions += len(preempted)
+            self.timeline.preempted(preempted)
+            logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
+            self.prefill_manager.readmit(preempted)
+        prefill = self.prefill_manager.schedule_next(
+            self._budget(len(decode)),
+            self.table_manager,
+            self.cache_manager,
+            keep_free=len(decode),
+        )
+        reqs = decode + prefill
+        return Step(Batch(reqs, decodes=len(decode))) if reqs else None
+
+    # --8<-- [end:schedule]
+
+    def _make_room_for_decode(self) -> None:
+        """Partly prefilled requests are the newest holders of pages: if running requests
+        cannot all grow by one token, those give their pages back first."""
+        cache = self.cache_manager
+        if not any(r.pages for r in self.prefill_manager.pending):
+            return  # nothing to take back (the common case)
+        needed = sum(
+            cache.next_token_pages(
+                r for r in self.decode_manager.running.values() if r.seq_len < r.max_len
+            )
+        )
+        for req in reversed(self.prefill_manager.pending):
+            if needed <= cache.available:
+                break
+            if req.pages:
+                self._take_back(req)
+
+    def _take_back(self, req: Req) -> None:
+        """A sequence in the prefill manager gives its pages and slot back: it waits again,
+        to be prefilled from scratch (its scored prompt positions stay scored)."""
+        self._free_req_resources(req)
+        if req.status is ReqStatus.PREFILLING:
+            req.status = ReqStatus.WAITING
+
+    # --8<-- [start:launched]
+    def launched(self, step: Step) -> None:
+        """The engine has launched `step` (reading the sequences' host state): that state
+        moves on at once, as if the step had run."""
+        batch = step.batch
+        step.scoring = [batch.reqs[i] for i, _, _, _ in batch.scoring]
+        for req, (_, start, count, _) in zip(step.scoring, batch.scoring):
+            req.prompt_scores.launched = start + count  # never scored twice, even if recomputed
+        for req in batch.reqs[: batch.decodes]:  # one token each, sampled; already running
+            req.cached_len += 1
+            req.extend_len = 0
+            req.num_pending += 1  # its token is on the device until update()
+        for req in batch.reqs[batch.decodes :]:  # prefill chunks
+            req.cached_len += req.extend_len
+            req.extend_len = 0
+            req.status = ReqStatus.PREFILLING  # RUNNING below once its prompt is cached
+            self.cache_manager.insert(req)  # its full pages are shared from the next step on
+        step.first = step.sampling[batch.decodes :]
+        for req in step.first:  # prompts cached by this step: they decode
+            req.num_pending += 1
+            if req.forks_left:  # the request's other choices start from its pages
+                self._fork(req)
+            req.status = ReqStatus.RUNNING
+            self.decode_manager.add_req(req)  # it left the prefill manager with this chunk
+        # max_tokens 0: a prompt cached by this step with nothing to sample ends when the
+        # step is read (its prompt logprobs with it); until then it waits with the running
+        step.prefilled = [
+            r for r in batch.reqs[batch.decodes :] if r.cached_len == r.seq_len >= r.max_len
+        ]
+        for req in step.prefilled:
+            req.status = ReqStatus.RUNNING
+            self.decode_manager.add_req(req)
+
+    # --8<-- [end:launched]
+
+    # --8<-- [start:finish_step]
+    def update(self, step: Step, out: StepOutput) -> list[TokenizerMsg]:
+        """Read a launched step's tokens: one reply per sequence that had not ended."""
+        for req, values in zip(step.scoring, out.prompt_logprobs or [], strict=True):
+            if not req.ended:
+                req.prompt_scores.values += values
+        logprobs = out.logprobs or [None] * len(out.tokens)
+        replies: list[TokenizerMsg] = []
+        for req, token, logprob in zip(step.sampling, out.tokens, logprobs, strict=True):
+            if req.ended:
+                continue  # aborted or finished after this step was launched
+            req.append_token(token)
+            if req.matcher is not None:
+                if (broken := advance(req.matcher, token, req.finish_reason == "stop")) is not None:
+                    replies.append(self._constraint_broken(req, broken))
+                    continue
+            reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)
+            if req.cached_tokens:  # reported once, with its first token (for usage)
+                reply.cached_tokens, req.cached_tokens = req.cached_tokens, 0
+            if req.prompt_scores is not None:  # its first token: the prompt's logprobs go too
+                reply.prompt_logprobs, req.prompt_scores = req.prompt_scores.values, None
+            replies.append(reply)
+            if req.finish_reason is not None:
+                self._end(req)
+        for req in step.prefilled:
+            if not req.ended:
+                replies += self._end_prefilled(req)
+        self.timeline.first_tokens(step.first)  # sequences that sampled from their prompt
+        return replies
+
+    # --8<-- [end:finish_step]
+
+    def _constraint_broken(self, req: Req, problem: str) -> BackendErrorMsg:
+        """A constrained sequence that can no longer satisfy its constraint ends its whole
+        request with an error: output reported as finished always parses."""
+        field = _constraint_field(req.sampling_params)
+        message = (
+            f"{field}: the grammar library could not follow the constraint past output token "
+            f"{req.output_len}: {problem}"
+        )
+        logger.info("uid %d: %s", req.uid, message)
+        self.abort(req.uid, how="error")
+        return BackendErrorMsg(req.uid, ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, field))
+
+    def _end_prefilled(self, req: Req) -> list[TokenizerMsg]:
+        """A max_tokens 0 sequence ends with its prompt: every choice of the request at once
+        (they would all be the prompt), with no token; choice 0 carries the prompt logprobs."""
+        req.finish_reason = "length"
+        scores, req.prompt_scores = req.prompt_scores, None
+        replies: list[TokenizerMsg] = [
+            DetokenizeMsg(req.uid, None, "length", index) for index in range(1 + req.forks_left)
+        ]
+        if scores is not None:
+            replies[0].prompt_logprobs = scores.values
+        self._end(req)
+        return replies
+
+    # --8<-- [start:end_sequence]
+    def _end(self, req: Req) -> None:
+        """A finished sequence leaves whichever manager holds it and frees what it holds."""
+        running = req.status is ReqStatus.RUNNING  # else preempted while its token was pending
+        req.status = ReqStatus.FINISHED
+        # with the choices it never forked (max_tokens 0)
+        self.timeline.ended(req, req.finish_reason or "stop", sequences=1 + req.forks_left)
+        req.forks_left = 0
+        self.cache_manager.insert(req)  # the next turn of a conversation starts with it
+        if running:
+            self.decode_manager.remove_req(req)
+        else:
+            self.prefill_manager.remove_req(req)
+        self._free_req_resources(req)
+
+    # --8<-- [end:end_sequence]
+
+
+def _constraint_field(params: SamplingParams) -> str:
+    """The request field a constraint came from, as the HTTP API names it."""
+    return "response_format" if params.json_schema is not None else "tools"
