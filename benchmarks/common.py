@@ -1,7 +1,8 @@
-"""What the benchmark scripts share: their argument parser (`script_parser`, with `--json`),
-CPU accounting from Linux's /proc (`cpu_snapshot` / `cores_used`), waiting for a quiet
-machine (`--quiet-limit`), a launched minisgl server, nearest-rank percentiles, the model
-configs shipped in benchmarks/configs/, and writing a result file.
+"""What the benchmark scripts share: their argument parser (`script_parser`, with `--json`;
+`model_parser` adds the model and engine flags), CPU accounting from Linux's /proc
+(`cpu_snapshot` / `cores_used`), waiting for a quiet machine (`--quiet-limit`), a launched
+minisgl server, what engine ran (`describe`, `engine_record`), nearest-rank percentiles,
+the model configs shipped in benchmarks/configs/, and writing a result file.
 
 Contract:
 - standard library only at import (minisgl's configurations, torch and the test harness
@@ -11,7 +12,7 @@ Contract:
   help and choices are declared once, on the configuration fields;
 - the /proc readings return nan where /proc is missing or unreadable, never raise;
 - `wait_quiet` prints nothing: it returns the last reading, and the caller says, in its
-  own report, that it measures on a busy machine.
+  own report, that it measures on a busy machine (`quiet_first` says it on stderr).
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ CONFIGS = Path(__file__).resolve().parent / "configs"
 
 
 # ---------------------------------------------------------------------------- arguments
-def script_parser(doc: str, *json_flags: str) -> argparse.ArgumentParser:
+def script_parser(doc: str, *json_flags: str, parser_class=argparse.ArgumentParser, **kw):
     """A script's parser: the first paragraph of its docstring as the description, the
     defaults shown in --help, and `--json PATH` (or `json_flags`) for the result file."""
-    p = argparse.ArgumentParser(
-        description=doc.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    p = parser_class(
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        **kw,
     )
     p.add_argument(*(json_flags or ("--json",)), dest="json", default=None, metavar="PATH",
                    help="write the results here as JSON")  # fmt: skip
@@ -173,6 +176,30 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_engine_flags(p, "dummy_weights")
 
 
+class _ModelParser(argparse.ArgumentParser):
+    def __init__(self, *a, default_config: str | None = None, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.default_config = default_config
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        if parsed.model is None and parsed.config is None:
+            parsed.config = self.default_config
+        resolve_model(self, parsed)
+        return parsed
+
+
+def model_parser(doc: str, *engine_flags: str, default_config: str | None = None, **defaults):
+    """`script_parser` for a script that builds an engine: --model / --config /
+    --dummy-weights and minisgl's own `engine_flags` (`add_engine_flags`, `defaults` its
+    own where it differs); parse_args resolves --config (`resolve_model`), or
+    `default_config` when neither --model nor --config is given."""
+    p = script_parser(doc, parser_class=_ModelParser, default_config=default_config)
+    add_model_args(p)
+    add_engine_flags(p, *engine_flags, **defaults)
+    return p
+
+
 def resolve_model(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """`--config NAME`: `args.model` becomes that folder and `args.dummy_weights` is set
     (the folder holds no weights); an unknown NAME is a usage error listing the shipped ones."""
@@ -211,6 +238,27 @@ def launched_minisgl(model, *flags: str, device: str = "cpu", env=None, timeout=
             server.log_path.unlink(missing_ok=True)
         else:
             print(f"server log: {server.log_path}", file=sys.stderr)
+
+
+def engine_record(engine) -> dict:
+    """What ran, for a result file: the model folder's name, device, dtype, weights,
+    attention backend, KV pages, CUDA graphs and tensor-parallel size of an `Engine`."""
+    graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
+    return {"model": engine.model_dir.name, "device": str(engine.device),
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "quantization": engine.quantization,
+            "attention_backend": type(engine.attn_backend).__name__,
+            "num_pages": engine.num_pages, "page_size": engine.page_size,
+            "cuda_graphs": graphs, "tp_size": engine.tp.size}  # fmt: skip
+
+
+def describe(engine) -> str:
+    """`engine_record` as the one line a script prints first."""
+    r = engine_record(engine)
+    tp = f", tensor parallel over {r['tp_size']} ranks" if r["tp_size"] > 1 else ""
+    return (f"{r['model']} on {r['device']} ({r['dtype']}, weights {r['quantization']}, "
+            f"{r['attention_backend']}, {r['num_pages']} KV pages of {r['page_size']}, "
+            f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}{tp})")  # fmt: skip
 
 
 def cuda_sync(device) -> None:

@@ -1,46 +1,23 @@
 """Frontend benchmark: how fast minisgl's API server and tokenizer worker deliver streamed
 chunks, against a bare uvicorn SSE server sending byte-identical chunks, in the same run
-with the same client.
+with the same client (benchmarks/README.md has the method and how to read the table).
 
-Ours: the real API server (`create_app` + `FrontendManager` under uvicorn) and the real
-tokenizer worker (`tokenize_worker`), each in its own process, over the real ZMQ ipc
-channels of `IpcChannels`. Only the scheduler is replaced, by a stand-in process: it
-answers every UserMsg with `max_tokens` DetokenizeMsgs of one token (" hello" in the
-embedded model's tokenizer), the last with finish_reason "length"; each step emits one
-token for every running request in one ZMQ frame, like the real scheduler; it answers
-StateQueryMsg, so /debug/lifecycle works and is checked back at zero after every point.
+- ours: the real API server and tokenizer worker, each in its own process, over the real
+  ZMQ channels; a stand-in takes the scheduler's place (one token per running request per
+  step, in one frame). /debug/lifecycle is checked back at zero after every point;
+- bare: a plain ASGI app under the same uvicorn settings sending the bytes ours sends for
+  one token per chunk (checked before measuring);
+- the client: its own process, C httpx streams in a closed loop, counting content chunks
+  and tokens over the raw bytes; `--warmup` tokens, then `--tokens` timed.
 
-Bare: a plain ASGI app under uvicorn with the same settings (one worker, the same loop and
-HTTP implementation) that sends, per request, the SSE bytes our server sends for
-`max_tokens` tokens delivered one per chunk: the same JSON shape and size, the same chunk
-count, the same number of ASGI sends. The script checks the bytes before measuring.
-
-Client: its own process, httpx async streaming, C streams in a closed loop (a stream that
-ends starts the next request). It counts, over the raw bytes, SSE content chunks and the
-tokens in them. A point runs `--warmup` tokens, then times `--tokens` more.
-
-Two measurements of ours per stream count:
-- burst: the stand-in emits steps as fast as it can. The tokenizer worker and the API
-  server then fall behind it, and the FrontendManager coalesces all pending output of a
-  request into one chunk (by design), so ours sends far fewer, bigger chunks; the table
-  gives its chunks/s and tokens/s apart (for bare they are the same number).
-- paced capacity: the stand-in steps at a set rate; the highest rate at which ours still
-  delivers every emitted token at one token per chunk (tokens/chunk <= 1.1 and >= 95 % of
-  the emitted tokens delivered) is searched (`Bench.capacity`). That rate in chunks/s
-  against bare's chunks/s is the like-for-like ratio.
-
-CPU layout (`--pin auto`, 2 or more cores): the server under test (ours: the API server
-process; bare: its one process) alone on core 0; the client, the tokenizer worker and the
-stand-in on the other cores. Each point records every process's CPU and the CPU used by
-processes outside the benchmark (on a shared machine they skew the figures).
+Ours is measured in burst (the stand-in as fast as it can: the frontend coalesces) and at
+its paced capacity (`Bench.capacity`: the highest rate kept at one token per chunk). With
+`--pin auto` the server under test runs alone on core 0. `--profile py-spy` samples one of
+our processes afterwards. The processes are frontend_stack.py's; the measurements, the
+table and the profile summary are here.
 
     python benchmarks/frontend.py                                  # 1, 16 and 64 streams
     python benchmarks/frontend.py --concurrency 64 --no-capacity --profile py-spy
-
-`--profile py-spy` (`pip install py-spy`) samples one of our processes (`--profile-process`)
-under `--profile-concurrency` streams after the measurements and prints the hottest
-functions. The processes are frontend_stack.py's; the measurements, the table and the
-profile summary are here.
 """
 
 from __future__ import annotations
