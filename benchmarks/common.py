@@ -1,15 +1,18 @@
-"""What the benchmark scripts share: CPU accounting from Linux's /proc, waiting for a quiet
-machine, the model configs shipped in benchmarks/configs/, and writing a result file.
+"""What the benchmark scripts share: their argument parser (`script_parser`, with `--json`;
+`model_parser` adds the model and engine flags), CPU accounting from Linux's /proc
+(`cpu_snapshot` / `cores_used`), waiting for a quiet machine (`--quiet-limit`), a launched
+minisgl server, what engine ran (`describe`, `engine_record`), nearest-rank percentiles,
+the model configs shipped in benchmarks/configs/, and writing a result file.
 
 Contract:
-- standard library only (and minisgl's configurations, which import nothing else), so
-  every script can import it, also on a GPU machine that has nothing but the package's
-  own dependencies;
+- standard library only at import (minisgl's configurations, torch and the test harness
+  are imported where used), so every script can import it, also on a GPU machine that has
+  nothing but the package's own dependencies;
 - the engine flags a script takes are minisgl's own (`add_engine_flags`): their names,
   help and choices are declared once, on the configuration fields;
 - the /proc readings return nan where /proc is missing or unreadable, never raise;
 - `wait_quiet` prints nothing: it returns the last reading, and the caller says, in its
-  own report, that it measures on a busy machine.
+  own report, that it measures on a busy machine (`quiet_first` says it on stderr).
 """
 
 from __future__ import annotations
@@ -18,10 +21,47 @@ import argparse
 import json
 import math
 import os
+import statistics
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+# ---------------------------------------------------------------------------- arguments
+def script_parser(doc: str, *json_flags: str, parser_class=argparse.ArgumentParser, **kw):
+    """A script's parser: the first paragraph of its docstring as the description, the
+    defaults shown in --help, and `--json PATH` (or `json_flags`) for the result file."""
+    p = parser_class(
+        description=doc.split("\n\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        **kw,
+    )
+    p.add_argument(*(json_flags or ("--json",)), dest="json", default=None, metavar="PATH",
+                   help="write the results here as JSON")  # fmt: skip
+    return p
+
+
+def add_quiet_flags(p, limit: float = 0.0, timeout: float = 600.0) -> None:
+    """--quiet-limit / --quiet-timeout, read by `quiet_first`."""
+    p.add_argument("--quiet-limit", type=float, default=limit,
+                   help="before measuring, wait until the machine's busy CPU is under this %% "
+                   "of one core (a shared machine; 0: do not wait)")  # fmt: skip
+    p.add_argument("--quiet-timeout", type=float, default=timeout,
+                   help="seconds to wait for a quiet machine before measuring anyway")  # fmt: skip
+
+
+def quiet_first(args: argparse.Namespace) -> float:
+    """`wait_quiet` as --quiet-limit asks (nan: no wait); says so on stderr when the machine
+    stayed busy, since what follows is then measured beside other work."""
+    if args.quiet_limit <= 0:
+        return float("nan")
+    busy = wait_quiet(args.quiet_limit, args.quiet_timeout)
+    if busy > args.quiet_limit:
+        print(f"  (other processes use {busy:.0f}% CPU; measuring anyway)", file=sys.stderr)
+    return busy
 
 
 # ---------------------------------------------------------------------------- CPU use
@@ -71,6 +111,25 @@ def group_cpu_seconds(pgid: int | None) -> float:
     return _ticks_to_seconds(ticks)
 
 
+def cpu_snapshot(pgid: int | None = None) -> dict[str, float]:
+    """CPU seconds so far of the whole machine, of this process (with its children that were
+    waited for: tensor-parallel ranks) and of process group `pgid` (nan without one)."""
+    t = os.times()
+    own = t.user + t.system + t.children_user + t.children_system
+    return {"t": time.perf_counter(), "machine": machine_busy_seconds(), "own": own,
+            "group": group_cpu_seconds(pgid)}  # fmt: skip
+
+
+def cores_used(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """Cores used on average between two `cpu_snapshot`s: the machine, this process, the
+    group, and `others`, everything else (other work on a shared machine skews a figure)."""
+    seconds = b["t"] - a["t"]
+    used = {k: (b[k] - a[k]) / seconds for k in ("machine", "own", "group")}
+    group = 0.0 if math.isnan(used["group"]) else used["group"]
+    used["others"] = used["machine"] - used["own"] - group
+    return used
+
+
 def wait_quiet(limit_pct: float, timeout: float) -> float:
     """On a shared machine: wait until the machine's busy CPU (the benchmark's own
     processes idle meanwhile) stays under `limit_pct` of one core for a second, at most
@@ -117,6 +176,30 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     add_engine_flags(p, "dummy_weights")
 
 
+class _ModelParser(argparse.ArgumentParser):
+    def __init__(self, *a, default_config: str | None = None, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.default_config = default_config
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        parsed = super().parse_args(args, namespace)
+        if parsed.model is None and parsed.config is None:
+            parsed.config = self.default_config
+        resolve_model(self, parsed)
+        return parsed
+
+
+def model_parser(doc: str, *engine_flags: str, default_config: str | None = None, **defaults):
+    """`script_parser` for a script that builds an engine: --model / --config /
+    --dummy-weights and minisgl's own `engine_flags` (`add_engine_flags`, `defaults` its
+    own where it differs); parse_args resolves --config (`resolve_model`), or
+    `default_config` when neither --model nor --config is given."""
+    p = script_parser(doc, parser_class=_ModelParser, default_config=default_config)
+    add_model_args(p)
+    add_engine_flags(p, *engine_flags, **defaults)
+    return p
+
+
 def resolve_model(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """`--config NAME`: `args.model` becomes that folder and `args.dummy_weights` is set
     (the folder holds no weights); an unknown NAME is a usage error listing the shipped ones."""
@@ -129,7 +212,74 @@ def resolve_model(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     args.model, args.dummy_weights = str(folder), True
 
 
+# ---------------------------------------------------------------------------- servers
+@contextmanager
+def launched_minisgl(model, *flags: str, device: str = "cpu", env=None, timeout=600.0):
+    """`python -m minisgl` on a free port (the tests' `RunningServer`, in its own process
+    group), log level warning; yields it once healthy, and stops it after with SIGINT (abort
+    what is left, stop the workers). Its log is kept, and named, only when something failed."""
+    import signal
+
+    from minisgl.testing.server import RunningServer
+
+    server = RunningServer(model, "--log-level", "warning", *flags, env=env, device=device,
+                           wait=False)  # fmt: skip
+    ok = False
+    try:
+        try:
+            server.wait_healthy(timeout)
+        except RuntimeError as exc:
+            raise SystemExit(f"the launched {exc}") from None
+        yield server
+        ok = True
+    finally:
+        server.stop(signal.SIGINT)
+        if ok:
+            server.log_path.unlink(missing_ok=True)
+        else:
+            print(f"server log: {server.log_path}", file=sys.stderr)
+
+
+def engine_record(engine) -> dict:
+    """What ran, for a result file: the model folder's name, device, dtype, weights,
+    attention backend, KV pages, CUDA graphs and tensor-parallel size of an `Engine`."""
+    graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
+    return {"model": engine.model_dir.name, "device": str(engine.device),
+            "dtype": str(engine.dtype).removeprefix("torch."),
+            "quantization": engine.quantization,
+            "attention_backend": type(engine.attn_backend).__name__,
+            "num_pages": engine.num_pages, "page_size": engine.page_size,
+            "cuda_graphs": graphs, "tp_size": engine.tp.size}  # fmt: skip
+
+
+def describe(engine) -> str:
+    """`engine_record` as the one line a script prints first."""
+    r = engine_record(engine)
+    tp = f", tensor parallel over {r['tp_size']} ranks" if r["tp_size"] > 1 else ""
+    return (f"{r['model']} on {r['device']} ({r['dtype']}, weights {r['quantization']}, "
+            f"{r['attention_backend']}, {r['num_pages']} KV pages of {r['page_size']}, "
+            f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}{tp})")  # fmt: skip
+
+
+def cuda_sync(device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): timings end with it."""
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
 # ---------------------------------------------------------------------------- results
+def percentiles(values, ps=(50, 90, 99)) -> dict[str, float | None]:
+    """Nearest-rank percentiles (no interpolation) and the mean of seconds, in milliseconds."""
+    if not values:
+        return {f"p{p}": None for p in ps} | {"mean": None}
+    s = sorted(values)
+    out = {f"p{p}": 1000 * s[min(len(s) - 1, max(0, math.ceil(p / 100 * len(s)) - 1))] for p in ps}
+    out["mean"] = 1000 * statistics.fmean(s)
+    return out
+
+
 def write_json(path: str | Path, record: dict) -> None:
     """A result file: the record as indented JSON."""
     Path(path).write_text(json.dumps(record, indent=2) + "\n")

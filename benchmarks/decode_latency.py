@@ -11,12 +11,17 @@ the prefix cache empty, so the first token is always a full prefill of the promp
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
 
-from common import add_engine_flags, add_model_args, engine_options, resolve_model, write_json
+from common import (
+    describe,
+    engine_options,
+    engine_record,
+    model_parser,
+    write_json,
+)
 
 from minisgl import LLM, SamplingParams
 
@@ -36,15 +41,11 @@ ENGINE_FLAGS = ("device", "attention_backend", "cuda_graph")  # minisgl's own fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_model_args(p)
-    add_engine_flags(p, *ENGINE_FLAGS)
+    p = model_parser(__doc__, *ENGINE_FLAGS)
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--output-len", type=int, default=256)
     p.add_argument("--repeat", type=int, default=3, help="keep the fastest run")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    resolve_model(p, args)
 
     llm = LLM(
         args.model,
@@ -58,18 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     measure(llm, prompt, 8)  # warm-up: kernels compiled, caches primed
     runs = [measure(llm, prompt, args.output_len) for _ in range(args.repeat)]
     ttft, per_token = min(runs, key=lambda r: r[1])
-    e = llm.engine
     print(
-        f"{e.model_dir.name} on {e.device} ({type(e.attn_backend).__name__}, "
-        f"CUDA graphs {'on' if e.graph_runner and e.graph_runner.graphs else 'off'}): "
-        f"prompt {args.prompt_len}, {args.output_len} tokens: first token {ttft * 1e3:.1f} ms, "
-        f"then {per_token * 1e3:.3f} ms per token"
+        f"{describe(llm.engine)}: prompt {args.prompt_len}, {args.output_len} tokens: first "
+        f"token {ttft * 1e3:.1f} ms, then {per_token * 1e3:.3f} ms per token"
     )
     if args.json:
         record = {
-            "model": e.model_dir.name,
-            "device": str(e.device),
-            "attention_backend": type(e.attn_backend).__name__,
+            **engine_record(llm.engine),
             "prompt_len": args.prompt_len,
             "output_len": args.output_len,
             "ttft_ms": ttft * 1e3,

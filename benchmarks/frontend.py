@@ -1,50 +1,23 @@
 """Frontend benchmark: how fast minisgl's API server and tokenizer worker deliver streamed
 chunks, against a bare uvicorn SSE server sending byte-identical chunks, in the same run
-with the same client.
+with the same client (benchmarks/README.md has the method and how to read the table).
 
-Ours: the real API server (`create_app` + `FrontendManager` under uvicorn) and the real
-tokenizer worker (`tokenize_worker`), each in its own process, over the real ZMQ ipc
-channels of `IpcChannels`. Only the scheduler is replaced, by a stand-in process: it
-answers every UserMsg with `max_tokens` DetokenizeMsgs of one token (" hello" in the
-embedded model's tokenizer), the last with finish_reason "length"; each step emits one
-token for every running request in one ZMQ frame, like the real scheduler; it answers
-StateQueryMsg, so /debug/lifecycle works and is checked back at zero after every point.
+- ours: the real API server and tokenizer worker, each in its own process, over the real
+  ZMQ channels; a stand-in takes the scheduler's place (one token per running request per
+  step, in one frame). /debug/lifecycle is checked back at zero after every point;
+- bare: a plain ASGI app under the same uvicorn settings sending the bytes ours sends for
+  one token per chunk (checked before measuring);
+- the client: its own process, C httpx streams in a closed loop, counting content chunks
+  and tokens over the raw bytes; `--warmup` tokens, then `--tokens` timed.
 
-Bare: a plain ASGI app under uvicorn with the same settings (one worker, the same loop and
-HTTP implementation) that sends, per request, the SSE bytes our server sends for
-`max_tokens` tokens delivered one per chunk: the same JSON shape and size, the same chunk
-count, the same number of ASGI sends. The script checks the bytes before measuring.
-
-Client: its own process, httpx async streaming, C streams in a closed loop (a stream that
-ends starts the next request). It counts, over the raw bytes, SSE content chunks and the
-tokens in them. A point runs `--warmup` tokens, then times `--tokens` more.
-
-Two measurements of ours per stream count:
-- burst: the stand-in emits steps as fast as it can. The tokenizer worker and the API
-  server then fall behind it, and the FrontendManager coalesces all pending output of a
-  request into one chunk (by design), so ours sends far fewer, bigger chunks; the table
-  gives its chunks/s and tokens/s apart (for bare they are the same number).
-- paced capacity: the stand-in steps at a set rate; the highest rate at which ours still
-  delivers every emitted token at one token per chunk (tokens/chunk <= 1.1 and >= 95 % of
-  the emitted tokens delivered) is searched. That rate in chunks/s against bare's
-  chunks/s is the like-for-like ratio.
-
-CPU layout (`--pin auto`, 2 or more cores): the server under test (ours: the API server
-process; bare: its one process) alone on core 0; the client, the tokenizer worker and the
-stand-in on the other cores. Each point records every process's CPU and the CPU used by
-processes outside the benchmark (on a shared machine they skew the figures).
+Ours is measured in burst (the stand-in as fast as it can: the frontend coalesces) and at
+its paced capacity (`Bench.capacity`: the highest rate kept at one token per chunk). With
+`--pin auto` the server under test runs alone on core 0. `--profile py-spy` samples one of
+our processes afterwards. The processes are frontend_stack.py's; the measurements, the
+table and the profile summary are here.
 
     python benchmarks/frontend.py                                  # 1, 16 and 64 streams
     python benchmarks/frontend.py --concurrency 64 --no-capacity --profile py-spy
-
-`--profile py-spy` (`pip install py-spy`; `--py-spy PATH` if not on PATH) samples our API
-server under `--profile-concurrency` paced streams after the measurements; `--profile
-cprofile` runs cProfile inside the API server process instead. Both print the hottest
-functions.
-
-Here are the measurements (`Bench`, `run`, `run_profile`), which print nothing themselves:
-the lines printed meanwhile and the final table are frontend_report.py's, the profile
-summaries profile_summary.py's, the processes frontend_stack.py's.
 """
 
 from __future__ import annotations
@@ -61,11 +34,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
-from common import wait_quiet, write_json
-from frontend_report import Progress, print_table, table_rows
+from common import add_quiet_flags, quiet_first, script_parser, write_json
 from frontend_stack import (
     WORD,
     chat_request,
@@ -75,9 +48,16 @@ from frontend_stack import (
     serve_ours,
     standin_scheduler,
 )
-from profile_summary import print_profile, summarize_collapsed, summarize_pstats
 
-from minisgl.testing.server import free_port, is_zero
+from minisgl.testing.server import free_port, is_zero, wait_healthy
+
+REPO = Path(__file__).resolve().parent.parent
+CAPACITY_START, CAPACITY_TRIALS = 1000.0, 9  # chunks/s offered first; trials at most
+KEPT_UP_TOKENS_PER_CHUNK = 1.1
+
+
+def say(line: str) -> None:
+    print(line, flush=True)  # a run takes minutes
 
 
 def uvicorn_impls(loop: str, http: str) -> tuple[str, str]:
@@ -89,19 +69,6 @@ def uvicorn_impls(loop: str, http: str) -> tuple[str, str]:
     if http == "auto":
         http = "httptools" if importlib.util.find_spec("httptools") else "h11"
     return loop, http
-
-
-def wait_http(url: str, procs, timeout: float = 300.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for p in procs:
-            if not p.is_alive():
-                raise SystemExit(f"{p.name} exited with {p.exitcode} during start-up")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise SystemExit(f"{url} not healthy after {timeout} s")
 
 
 def wait_lifecycle_zero(url: str, timeout: float = 15.0) -> dict:
@@ -137,22 +104,23 @@ def check_identical(ours: str, bare: str, step_s, max_tokens: int = 4, tries: in
         step_s.value = 0.0
     if normalize_stream(o.content) != normalize_stream(b.content):
         raise SystemExit(f"ours and bare differ:\n{o.content!r}\n{b.content!r}")
-    return {
-        "identical_body": True,
-        "same_header_names": set(o.headers) == set(b.headers),
-        "body_bytes": len(o.content),
-        "max_tokens": max_tokens,
-    }
+    return {"identical_body": True, "same_header_names": set(o.headers) == set(b.headers),
+            "body_bytes": len(o.content), "max_tokens": max_tokens}  # fmt: skip
+
+
+def brief(res: dict) -> dict:
+    """The figures of a measurement kept for a capacity trial or the profile's load."""
+    keys = ("tokens_per_s", "chunks_per_s", "tokens_per_chunk", "emitted_per_s", "cpu_pct",
+            "others_cpu_pct")  # fmt: skip
+    return {k: res[k] for k in keys}
 
 
 # ============================================================================ the run
 class Bench:
-    """The processes of one run and the measurements made with them; what happens is told
-    to `progress` (frontend_report.Progress: printed)."""
+    """The processes of one run and the measurements made with them."""
 
-    def __init__(self, args, progress: Progress | None = None) -> None:
+    def __init__(self, args) -> None:
         self.args = args
-        self.progress = progress or Progress()
 
     def start(self) -> None:
         from minisgl.models.source import resolve_model_dir
@@ -184,44 +152,28 @@ class Bench:
         ours_port, bare_port = free_port(), free_port()
         self.ours_url = f"http://127.0.0.1:{ours_port}"
         self.bare_url = f"http://127.0.0.1:{bare_port}"
-        self.pstats = f"{a.profile_out}.pstats" if a.profile == "cprofile" else None
         r_tok, s_tok = ctx.Pipe(duplex=False)
         r_sch, s_sch = ctx.Pipe(duplex=False)
         wargs = ServerArgs(log_level="warning")
-        self.tokenizer = start(
-            run_tokenizer, "tokenizer", wargs, model_dir, self.channels, s_tok, self.other_cpus
-        )
-        self.standin = start(
-            standin_scheduler,
-            "standin",
-            self.channels,
-            ids[0],
-            self.step_s,
-            self.emitted,
-            s_sch,
-            self.other_cpus,
-        )
+        self.tokenizer = start(run_tokenizer, "tokenizer", wargs, model_dir, self.channels, s_tok,
+                               self.other_cpus)  # fmt: skip
+        self.standin = start(standin_scheduler, "standin", self.channels, ids[0], self.step_s,
+                             self.emitted, s_sch, self.other_cpus)  # fmt: skip
         for r in (r_tok, r_sch):
             status, info = r.recv()
             if status != "ready":
                 raise SystemExit(info)
-        self.api = start(
-            serve_ours,
-            "api-server",
-            ours_port,
-            self.channels,
-            self.loop,
-            self.http,
-            self.server_cpus,
-            self.pstats,
-        )
-        self.bare = start(
-            serve_bare, "bare-server", bare_port, self.loop, self.http, self.server_cpus
-        )
+        self.api = start(serve_ours, "api-server", ours_port, self.channels, self.loop, self.http,
+                         self.server_cpus)  # fmt: skip
+        self.bare = start(serve_bare, "bare-server", bare_port, self.loop, self.http,
+                          self.server_cpus)  # fmt: skip
         self.conn, child = ctx.Pipe()
         self.client = start(client_main, "client", child, self.emitted, self.other_cpus)
-        wait_http(self.ours_url, self.procs)
-        wait_http(self.bare_url, self.procs)
+        dead = lambda: any(not p.is_alive() for p in self.procs)  # noqa: E731
+        for url in (self.ours_url, self.bare_url):
+            if not wait_healthy(url, dead, 300.0):
+                exits = {p.name: p.exitcode for p in self.procs}
+                raise SystemExit(f"{url} not healthy (exit codes: {exits})")
 
     def stop(self) -> None:
         if self.conn is not None:
@@ -239,156 +191,116 @@ class Bench:
     def pids(self, which: str) -> dict[str, int]:
         if which == "bare":
             return {"bare": self.bare.pid, "client": self.client.pid}
-        return {
-            "api": self.api.pid,
-            "tokenizer": self.tokenizer.pid,
-            "standin": self.standin.pid,
-            "client": self.client.pid,
-        }
+        return {"api": self.api.pid, "tokenizer": self.tokenizer.pid,
+                "standin": self.standin.pid, "client": self.client.pid}  # fmt: skip
 
     def load(self, which: str, c: int, warmup: int, target: int, max_seconds: float) -> dict:
         """The client's command: `c` streams to `which` ("ours" or "bare") in a closed
         loop, timed over `target` tokens after `warmup` (at most `max_seconds`)."""
-        return {
-            "url": self.ours_url if which == "ours" else self.bare_url,
-            "concurrency": c,
-            "max_tokens": self.args.max_tokens,
-            "warmup": warmup,
-            "target": target,
-            "pids": self.pids(which),
-            "max_seconds": max_seconds,
-        }
+        url = self.ours_url if which == "ours" else self.bare_url
+        return {"url": url, "concurrency": c, "max_tokens": self.args.max_tokens,
+                "warmup": warmup, "target": target, "pids": self.pids(which),
+                "max_seconds": max_seconds}  # fmt: skip
 
-    def measure(
-        self,
-        which: str,
-        c: int,
-        step_s: float = 0.0,
-        target: int | None = None,
-        warmup: int | None = None,
-        max_seconds: float = 600.0,
-    ) -> dict:
+    def measure(self, which: str, c: int, step_s: float = 0.0, target: int | None = None,
+                warmup: int | None = None, max_seconds: float = 600.0) -> dict:  # fmt: skip
         """One point; on a shared machine, measured again (up to `--retries` times) when
         other processes took more than twice `--quiet-limit` of CPU meanwhile."""
         a = self.args
+        target = a.tokens if target is None else target
+        warmup = a.warmup if warmup is None else warmup
         for attempt in range(a.retries + 1):
-            if a.quiet_limit > 0:
-                busy = wait_quiet(a.quiet_limit, a.quiet_timeout)
-                if busy > a.quiet_limit:
-                    self.progress.busy_machine(busy)
-            res = self._measure_once(which, c, step_s, target, warmup, max_seconds)
+            quiet_first(a)
+            self.step_s.value = step_s
+            try:
+                self.conn.send(self.load(which, c, warmup, target, max_seconds))
+                status, res = self.conn.recv()
+            finally:
+                self.step_s.value = 0.0
+            if status != "ok":
+                raise SystemExit(f"the client failed on {which}, {c} streams: {res}")
+            if which == "ours":
+                wait_lifecycle_zero(self.ours_url)
             noisy = a.quiet_limit > 0 and res["others_cpu_pct"] > 2 * a.quiet_limit
             if not noisy or attempt == a.retries:
                 break
-            self.progress.disturbed(res["others_cpu_pct"])
-        res["attempts"] = attempt + 1
-        return res
-
-    def _measure_once(self, which, c, step_s, target, warmup, max_seconds) -> dict:
-        a = self.args
-        self.step_s.value = step_s
-        try:
-            warmup = a.warmup if warmup is None else warmup
-            target = a.tokens if target is None else target
-            self.conn.send(self.load(which, c, warmup, target, max_seconds))
-            status, res = self.conn.recv()
-        finally:
-            self.step_s.value = 0.0
-        if status != "ok":
-            raise SystemExit(f"the client failed on {which}, {c} streams: {res}")
-        if which == "ours":
-            wait_lifecycle_zero(self.ours_url)
-        res["step_ms"] = 1000 * step_s
-        return res
+            say(f"  (other processes took {res['others_cpu_pct']:.0f}% CPU meanwhile: again)")
+        return {**res, "step_ms": 1000 * step_s, "attempts": attempt + 1}
 
     def capacity(self, c: int) -> dict:
         """The highest paced rate (chunks/s offered = c / step) at which ours still keeps
-        one token per chunk and delivers what is emitted: doubling, then bisection."""
-        a = self.args
-        lo, hi, rate, trials = None, None, a.capacity_start, []
-        source_limited, prev_emitted = False, 0.0
-        for _ in range(a.capacity_trials):
-            step = c / rate
-            res = self.measure(
-                "ours",
-                c,
-                step,
-                target=max(int(rate * 1.5), 2000),
-                warmup=max(int(rate * 0.3), 500),
-                max_seconds=30,
-            )
-            kept = (res["tokens_per_chunk"] or 99) <= 1.1 and (
+        one token per chunk and delivers what is emitted: doubling from CAPACITY_START, then
+        bisection to within 10 %. The doubling stops early when offering more made the
+        stand-in emit no more (its core is full: ours kept up with all there was). The rate
+        found is measured last over --paced-tokens; a rate that passed a short trial may
+        still fall behind over that long run: then 20 % lower, at most three times."""
+        lo, hi, rate, prev_emitted, trials = None, None, CAPACITY_START, 0.0, []
+        source_limited = False
+        for _ in range(CAPACITY_TRIALS):
+            res = self.measure("ours", c, c / rate, target=max(int(rate * 1.5), 2000),
+                               warmup=max(int(rate * 0.3), 500), max_seconds=30)  # fmt: skip
+            kept = (res["tokens_per_chunk"] or 99) <= KEPT_UP_TOKENS_PER_CHUNK and (
                 res["tokens_per_s"] >= 0.95 * res["emitted_per_s"]
             )
             trials.append({"offered_per_s": rate, "kept_up": kept, **brief(res)})
-            self.progress.trial(c, rate, res, kept)
-            # offering more made the stand-in emit no more than before: its core is full
-            stalled = kept and hi is None and res["emitted_per_s"] < 1.1 * prev_emitted
+            say(
+                f"    capacity c={c}: offered {rate:7.0f}/s -> {res['tokens_per_s']:7.0f} tok/s "
+                f"{res['tokens_per_chunk'] or 0:5.2f} tok/chunk  {'ok' if kept else 'behind'}"
+            )
+            source_limited = kept and hi is None and res["emitted_per_s"] < 1.1 * prev_emitted
             if kept:
                 lo, prev_emitted = rate, max(prev_emitted, res["emitted_per_s"])
             else:
                 hi = rate
-            if lo and hi and hi / lo < 1.1:
-                break
-            if stalled:
-                # ours kept up with all there was; a higher setting would only measure that
-                self.progress.source_limited(c)
-                source_limited = True
+            if (lo and hi and hi / lo < 1.1) or source_limited:
                 break
             rate = rate * 2 if hi is None else (lo + hi) / 2 if lo else rate / 2
+        if source_limited:
+            say(f"    capacity c={c}: the stand-in's core is the limit")
         if lo is None:
             return {"trials": trials, "final": None}
-        # the long final measurement; a rate that passed a short trial may still fall
-        # behind over it (tokens/chunk > 1.1): then 20 % lower, at most three times
         for _ in range(3):
             final = self.measure("ours", c, c / lo, target=self.args.paced_tokens)
-            if (final["tokens_per_chunk"] or 99) <= 1.1:
+            if (final["tokens_per_chunk"] or 99) <= KEPT_UP_TOKENS_PER_CHUNK:
                 break
-            self.progress.fell_behind(c, final["tokens_per_chunk"], lo)
+            say(
+                f"    capacity c={c}: {final['tokens_per_chunk']:.2f} tok/chunk over the long "
+                f"run at {lo:.0f}/s: again at {0.8 * lo:.0f}/s"
+            )
             lo *= 0.8
-        return {
-            "trials": trials,
-            "offered_per_s": lo,
-            "source_limited": source_limited,
-            "final": final,
-        }
+        return {"trials": trials, "offered_per_s": lo, "source_limited": source_limited,
+                "final": final}  # fmt: skip
 
 
-def brief(res: dict) -> dict:
-    """The figures of a measurement kept for a capacity trial or the profile's load."""
-    keys = (
-        "tokens_per_s",
-        "chunks_per_s",
-        "tokens_per_chunk",
-        "emitted_per_s",
-        "cpu_pct",
-        "others_cpu_pct",
+def say_point(which: str, c: int, res: dict) -> None:
+    cpu = " ".join(f"{k}={v:.0f}" for k, v in res["cpu_pct"].items())
+    say(
+        f"  c={c:<3} {which:<13} {res['chunks_per_s']:8.0f} chunks/s "
+        f"{res['tokens_per_s']:8.0f} tokens/s  cpu% {cpu} others={res['others_cpu_pct']:.0f}"
     )
-    return {k: res[k] for k in keys}
 
 
-def run(args, progress: Progress | None = None) -> dict:
+def run(args) -> dict:
     """Every point of `args.concurrency`, then the profile: the JSON record."""
-    bench = Bench(args, progress)
-    progress = bench.progress
+    bench = Bench(args)
     try:
         bench.start()
         identical = check_identical(bench.ours_url, bench.bare_url, bench.step_s)
-        progress.layout(
-            bench.loop, bench.http, bench.ncpu, bench.server_cpus, bench.other_cpus, identical
+        say(
+            f"uvicorn loop={bench.loop} http={bench.http}; {bench.ncpu} CPUs; servers on "
+            f"{bench.server_cpus or 'any'}, client + tokenizer + stand-in on "
+            f"{bench.other_cpus or 'any'}; byte check {identical}"
         )
         points = []
         for c in args.concurrency:
-            point: dict = {"concurrency": c, "bare": [], "ours_burst": []}
-            for _ in range(args.repeats):
-                for which, key in (("bare", "bare"), ("ours", "ours_burst")):
-                    res = bench.measure(which, c)
-                    point[key].append(res)
-                    progress.point(key, c, res)
+            point: dict = {"concurrency": c}
+            for which, key in (("bare", "bare"), ("ours", "ours_burst")):
+                point[key] = bench.measure(which, c)
+                say_point(key, c, point[key])
             if args.capacity:
                 point["ours_paced"] = bench.capacity(c)
                 if point["ours_paced"]["final"]:
-                    progress.point("ours_paced", c, point["ours_paced"]["final"])
+                    say_point("ours_paced", c, point["ours_paced"]["final"])
             points.append(point)
         profile = run_profile(args, bench) if args.profile != "none" else None
     finally:
@@ -399,13 +311,13 @@ def run(args, progress: Progress | None = None) -> dict:
             "cpus": bench.ncpu,
             "platform": platform.platform(),
             "python": platform.python_version(),
-        },
+        },  # fmt: skip
         "uvicorn": {"loop": bench.loop, "http": bench.http},
         "layout": {
             "server_cpus": sorted(bench.server_cpus or []),
             "other_cpus": sorted(bench.other_cpus or []),
-        },
-        "settings": {k: getattr(args, k) for k in ("max_tokens", "tokens", "warmup", "repeats")},
+        },  # fmt: skip
+        "settings": {k: getattr(args, k) for k in ("max_tokens", "tokens", "warmup")},
         "byte_check": identical,
         "points": points,
         "table": table_rows(points),
@@ -413,48 +325,113 @@ def run(args, progress: Progress | None = None) -> dict:
     }
 
 
+# ============================================================================ the table
+def us_per_chunk(res: dict, proc: str) -> float | None:
+    """CPU microseconds `proc` spent per delivered chunk (cpu % is per second)."""
+    return 1e4 * res["cpu_pct"][proc] / res["chunks_per_s"] if res["chunks_per_s"] else None
+
+
+def table_rows(points: list[dict]) -> list[dict]:
+    rows = []
+    for pt in points:
+        bare, burst = pt["bare"], pt["ours_burst"]
+        paced = (pt.get("ours_paced") or {}).get("final")
+        row = {
+            "concurrency": pt["concurrency"],
+            "bare_chunks_per_s": bare["chunks_per_s"],
+            "bare_us_per_chunk": us_per_chunk(bare, "bare"),
+            "ours_paced_chunks_per_s": None,
+            "ours_burst_chunks_per_s": burst["chunks_per_s"],
+            "ours_burst_tokens_per_s": burst["tokens_per_s"],
+            "ratio_burst_tokens": burst["tokens_per_s"] / bare["chunks_per_s"],
+            "others_cpu_pct_max": max(r["others_cpu_pct"] for r in (bare, burst, paced) if r),
+        }
+        if paced:
+            api_us = us_per_chunk(paced, "api")
+            row.update(
+                ours_paced_chunks_per_s=paced["chunks_per_s"],
+                ours_paced_tokens_per_chunk=paced["tokens_per_chunk"],
+                ratio_paced_chunks=paced["chunks_per_s"] / bare["chunks_per_s"],
+                ours_api_us_per_chunk=api_us,
+                ours_tokenizer_us_per_chunk=us_per_chunk(paced, "tokenizer"),
+                # what one full server core would sustain, from the CPU each spent per chunk
+                ratio_per_core=row["bare_us_per_chunk"] / api_us,
+            )
+        rows.append(row)
+    return rows
+
+
+def print_table(record: dict) -> None:
+    print("\nchunks/s delivered to the client; CPU us per chunk of the server process")
+    print(" streams | bare chunks/s  us/chunk | ours paced chunks/s (tok/chunk)  ratio  api "
+          "us/chunk  tok us/chunk  ratio/core | ours burst chunks/s  tokens/s  ratio tokens "
+          "| others CPU%")  # fmt: skip
+    for r in record["table"]:
+        paced = f"{'-':>78}"
+        if r["ours_paced_chunks_per_s"]:
+            paced = (
+                f"{r['ours_paced_chunks_per_s']:19.0f} ({r['ours_paced_tokens_per_chunk']:.2f})"
+                f"  {r['ratio_paced_chunks']:5.2f}  {r['ours_api_us_per_chunk']:12.1f}"
+                f"  {r['ours_tokenizer_us_per_chunk']:12.1f}  {r['ratio_per_core']:10.2f}"
+            )
+        print(f" {r['concurrency']:>7} | {r['bare_chunks_per_s']:13.0f}  "
+              f"{r['bare_us_per_chunk']:8.1f} | {paced} | {r['ours_burst_chunks_per_s']:19.0f} "
+              f"{r['ours_burst_tokens_per_s']:9.0f}  {r['ratio_burst_tokens']:12.2f} | "
+              f"{r['others_cpu_pct_max']:.0f}")  # fmt: skip
+
+
 # ============================================================================ profile
+def frame_name(frame: str) -> str:
+    """py-spy raw frame 'func (path/to/file.py:123)' -> 'path/to/file.py:func'."""
+    m = re.match(r"(.*) \((.*?)(?::\d+)?\)$", frame)
+    if not m:
+        return frame
+    path = m.group(2).split("site-packages/")[-1].split(str(REPO) + "/")[-1]
+    return f"{path}:{m.group(1)}"
+
+
+def summarize_collapsed(text: str, top: int = 30) -> dict:
+    """Self shares of the samples per function, and inclusive shares of minisgl's own
+    functions, from py-spy's raw (collapsed stacks) output."""
+    self_c, incl_c, total = Counter(), Counter(), 0
+    for line in text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        total += k
+        frames = [frame_name(f) for f in stack.split(";")]
+        self_c[frames[-1]] += k
+        for f in {f for f in frames if f.startswith("minisgl/")}:
+            incl_c[f] += k
+
+    def share(c: Counter) -> list:
+        return [(name, round(100 * v / total, 1)) for name, v in c.most_common(top)]
+
+    return {"samples": total, "self_pct": share(self_c), "minisgl_inclusive_pct": share(incl_c)}
+
+
 def run_profile(args, bench: Bench) -> dict:
     """Load our API server with `--profile-concurrency` streams (paced at
-    `--profile-rate` chunks/s, 0: burst) and sample it meanwhile."""
-    c, rate = args.profile_concurrency, args.profile_rate
-    out: dict = {
-        "tool": args.profile,
-        "process": args.profile_process,
-        "concurrency": c,
-        "rate": rate,
-        "seconds": args.profile_seconds,
-    }
+    `--profile-rate` chunks/s, 0: burst) and sample `--profile-process` with py-spy in its
+    blocking mode (it pauses the process per sample: --nonblocking reads the stacks while
+    they change and records frames that never called each other)."""
+    c, rate, seconds = args.profile_concurrency, args.profile_rate, args.profile_seconds
+    py_spy = shutil.which("py-spy")
+    if py_spy is None:
+        raise SystemExit("--profile py-spy: no py-spy on PATH (pip install py-spy)")
+    raw = f"/tmp/minisgl-frontend-profile-{os.getpid()}.txt"
+    out: dict = {"tool": "py-spy", "process": args.profile_process, "concurrency": c,
+                 "rate": rate, "seconds": seconds, "raw": raw}  # fmt: skip
     bench.step_s.value = c / rate if rate else 0.0
-    bench.conn.send(bench.load("ours", c, 0, 10**12, args.profile_seconds + 4))
+    bench.conn.send(bench.load("ours", c, 0, 10**12, seconds + 4))
     time.sleep(2)  # let the streams start
     try:
-        if args.profile == "py-spy":
-            raw = f"{args.profile_out}.txt"
-            # blocking mode (py-spy pauses the process per sample): --nonblocking reads
-            # the stacks while they change and records frames that never called each other
-            cmd = [
-                args.py_spy,
-                "record",
-                "--pid",
-                str(bench.pids("ours")[args.profile_process]),
-                "--rate",
-                "100",
-                "--duration",
-                str(max(1, int(args.profile_seconds) - 1)),
-                "--format",
-                "raw",
-                "--output",
-                raw,
-            ]
-            subprocess.run(cmd, check=True, capture_output=True)
-            out.update(raw=raw, **summarize_collapsed(Path(raw).read_text()))
-        else:
-            os.kill(bench.api.pid, signal.SIGUSR1)
-            time.sleep(args.profile_seconds - 1)
-            os.kill(bench.api.pid, signal.SIGUSR2)
-            time.sleep(1)
-            out.update(summarize_pstats(bench.pstats))
+        pid = bench.pids("ours")[args.profile_process]
+        cmd = [py_spy, "record", "--pid", str(pid), "--rate", "100", "--duration",
+               str(max(1, int(seconds) - 1)), "--format", "raw", "--output", raw]  # fmt: skip
+        subprocess.run(cmd, check=True, capture_output=True)
+        out.update(summarize_collapsed(Path(raw).read_text()))
     finally:
         status, load = bench.conn.recv()
         bench.step_s.value = 0.0
@@ -463,71 +440,40 @@ def run_profile(args, bench: Bench) -> dict:
     return out
 
 
+def print_profile(profile: dict) -> None:
+    print(f"\nprofile of {profile['process']} (py-spy, {profile['concurrency']} streams at "
+          f"{profile['rate'] or 'burst'} chunks/s offered, {profile['seconds']:.0f} s; load "
+          f"meanwhile: {profile['load']})")  # fmt: skip
+    for key in ("self_pct", "minisgl_inclusive_pct"):
+        print(f"  -- {key.replace('_pct', '')}: % of samples, function")
+        for name, pct in profile[key][:20]:
+            print(f"    {pct:5.1f}  {name}")
+
+
 # ============================================================================ main
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+def parse_args(argv=None):
+    p = script_parser(__doc__)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per request")
-    p.add_argument(
-        "--tokens", type=int, default=100000, help="tokens measured per bare and burst point"
-    )
-    p.add_argument(
-        "--paced-tokens", type=int, default=30000, help="tokens measured at ours' paced capacity"
-    )
+    p.add_argument("--tokens", type=int, default=100000,
+                   help="tokens measured per bare and burst point")  # fmt: skip
+    p.add_argument("--paced-tokens", type=int, default=30000,
+                   help="tokens measured at ours' paced capacity")  # fmt: skip
     p.add_argument("--warmup", type=int, default=3000, help="tokens before measuring")
-    p.add_argument("--repeats", type=int, default=1, help="bare/ours burst pairs per point")
-    p.add_argument(
-        "--capacity",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="search ours' paced capacity at one token per chunk",
-    )
-    p.add_argument("--capacity-start", type=float, default=1000.0, help="chunks/s, first try")
-    p.add_argument("--capacity-trials", type=int, default=9)
+    p.add_argument("--capacity", action=argparse.BooleanOptionalAction, default=True,
+                   help="search ours' paced capacity at one token per chunk")  # fmt: skip
     p.add_argument("--loop", default="auto", choices=["auto", "asyncio", "uvloop"])
     p.add_argument("--http", default="auto", choices=["auto", "h11", "httptools"])
     p.add_argument("--pin", default="auto", choices=["auto", "none"])
-    p.add_argument(
-        "--quiet-limit",
-        type=float,
-        default=25.0,
-        help="before each point, wait until processes outside the benchmark use "
-        "less than this %% of one core (0: do not wait)",
-    )
-    p.add_argument(
-        "--retries",
-        type=int,
-        default=3,
-        help="measure a point again when others took over twice --quiet-limit meanwhile",
-    )
-    p.add_argument(
-        "--quiet-timeout",
-        type=float,
-        default=300.0,
-        help="seconds to wait for a quiet machine before measuring anyway",
-    )
-    p.add_argument("--profile", default="none", choices=["none", "py-spy", "cprofile"])
+    add_quiet_flags(p, limit=25.0, timeout=300.0)  # before each point
+    p.add_argument("--retries", type=int, default=3,
+                   help="measure a point again when others took over twice --quiet-limit")  # fmt: skip
+    p.add_argument("--profile", default="none", choices=["none", "py-spy"])
     p.add_argument("--profile-seconds", type=float, default=20.0)
     p.add_argument("--profile-concurrency", type=int, default=64)
-    p.add_argument(
-        "--profile-process",
-        default="api",
-        choices=["api", "tokenizer"],
-        help="which of our processes py-spy samples (cprofile: always the API server)",
-    )
-    p.add_argument(
-        "--profile-rate",
-        type=float,
-        default=0.0,
-        help="chunks/s offered while profiling (0: burst)",
-    )
-    p.add_argument("--py-spy", default=shutil.which("py-spy") or "py-spy", help="py-spy binary")
-    p.add_argument(
-        "--profile-out", default="/tmp/minisgl-frontend-profile", help="prefix of the profile files"
-    )
-    p.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+    p.add_argument("--profile-process", default="api", choices=["api", "tokenizer"])
+    p.add_argument("--profile-rate", type=float, default=0.0,
+                   help="chunks/s offered while profiling (0: burst)")  # fmt: skip
     return p.parse_args(argv)
 
 

@@ -18,7 +18,6 @@ import functools
 import json
 import logging
 import os
-import signal
 import time
 
 from common import cpu_seconds, machine_busy_seconds
@@ -149,9 +148,7 @@ def serve_bare(port: int, loop: str, http: str, cpus) -> None:
 
 
 # ============================================================================ ours
-def serve_ours(port: int, channels, loop: str, http: str, cpus, profile_out: str | None) -> None:
-    """With `profile_out`, SIGUSR1 starts cProfile and SIGUSR2 stops it and writes the
-    stats there."""
+def serve_ours(port: int, channels, loop: str, http: str, cpus) -> None:
     import uvicorn
 
     from minisgl.server.api_server import create_app
@@ -162,22 +159,7 @@ def serve_ours(port: int, channels, loop: str, http: str, cpus, profile_out: str
     pin(cpus)
     logging.getLogger("asyncio").setLevel(logging.ERROR)  # as for bare
     args = ServerArgs(port=port, log_level="warning")
-
-    frontend = connect_frontend(channels, args, ServerMetrics())
-    if profile_out:
-        import cProfile
-
-        # CPU time of the serving thread: on a shared machine wall time would also count
-        # the time this process waited for a core
-        prof = cProfile.Profile(time.thread_time)
-        signal.signal(signal.SIGUSR1, lambda *_: prof.enable())
-
-        def stop(*_):
-            prof.disable()
-            prof.dump_stats(profile_out)
-
-        signal.signal(signal.SIGUSR2, stop)
-    app = create_app(args, MODEL_NAME, frontend)
+    app = create_app(args, MODEL_NAME, connect_frontend(channels, args, ServerMetrics()))
     uvicorn.Server(uvicorn_config(app, port, loop, http)).run()
 
 

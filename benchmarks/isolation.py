@@ -23,7 +23,6 @@ Scenarios (`--scenario`):
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,9 +30,8 @@ import threading
 import time
 
 import httpx
-from common import write_json
+from common import launched_minisgl, script_parser, write_json
 
-from minisgl.testing.server import RunningServer
 from minisgl.testing.sse import iter_payloads
 
 
@@ -91,7 +89,7 @@ def _heavy_body(args, model: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p = script_parser(__doc__, "--json", "--out")
     p.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
     p.add_argument("--scenario", choices=["long-prompt", "huge-prompt", "schema"], default="schema")
     p.add_argument("--prompt-tokens", type=int, default=3000)
@@ -99,15 +97,13 @@ def main() -> int:
     p.add_argument("--samples", type=int, default=10, help="short requests per phase")
     p.add_argument("--enum-objects", type=int, default=40_000)
     p.add_argument("--grammar-compile-timeout", type=float, default=5.0)
-    p.add_argument("--out", help="write the figures as JSON here")
     args = p.parse_args()
 
     flags = ["--grammar-compile-timeout", str(args.grammar_compile_timeout)]
     flags += ["--grammar-max-bytes", str(4 << 20), "--max-body-bytes", str(8 << 20)]
     flags += [a for arg in args.server_arg for a in arg.split("=", 1)]
-    server = RunningServer(args.model, *flags)
-    url = f"{server.base_url}/v1/chat/completions"
-    try:
+    with launched_minisgl(args.model, *flags) as server:
+        url = f"{server.base_url}/v1/chat/completions"
         with httpx.Client(timeout=120) as http:
             for _ in range(3):
                 ttft(http, url, server.model_name)  # warm
@@ -147,8 +143,6 @@ def main() -> int:
             ended = time.perf_counter()
             stop.set()
             story.join()
-    finally:
-        server.stop()
 
     window = [gap for t, gap in gaps if began <= t <= ended + 0.5]
     before = [gap for t, gap in gaps if t < began]
@@ -166,8 +160,8 @@ def main() -> int:
         "stream_gap_max_during_s": max(window) if window else None,
     }
     print(json.dumps(record, indent=2))
-    if args.out:
-        write_json(args.out, record)
+    if args.json:
+        write_json(args.json, record)
     return 0
 
 

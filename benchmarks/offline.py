@@ -31,7 +31,6 @@ import math
 import os
 import random
 import sys
-import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -39,11 +38,13 @@ from typing import TYPE_CHECKING
 
 import torch
 from common import (
-    add_engine_flags,
-    add_model_args,
+    cores_used,
+    cpu_snapshot,
+    cuda_sync,
+    describe,
     engine_options,
-    machine_busy_seconds,
-    resolve_model,
+    engine_record,
+    model_parser,
     write_json,
 )
 
@@ -94,17 +95,6 @@ def greedy_params(max_tokens: list[int]) -> list[SamplingParams]:
     return [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in max_tokens]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _cpu_sample() -> tuple[float, float, float] | None:
-    """(machine busy CPU seconds, this process's and its children's, monotonic time)."""
-    busy = machine_busy_seconds()
-    return None if math.isnan(busy) else (busy, sum(os.times()[:4]), time.monotonic())
-
-
 class TimedRun:
     """`with TimedRun(device) as t:` times one engine's run: the device synchronised at both
     ends, the wall seconds, and the share of the machine's CPUs that other processes took
@@ -115,19 +105,16 @@ class TimedRun:
         self.device = device
 
     def __enter__(self) -> TimedRun:
-        sync(self.device)
-        self._cpu, self._start = _cpu_sample(), time.perf_counter()
+        cuda_sync(self.device)
+        self._cpu = cpu_snapshot()
         return self
 
     def __exit__(self, *exc) -> None:
-        sync(self.device)
-        self.seconds = time.perf_counter() - self._start
-        end, start = _cpu_sample(), self._cpu
-        self.others_cpu = None
-        if start is not None and end is not None:
-            (b0, o0, t0), (b1, o1, t1) = start, end
-            others = max(0.0, (b1 - b0) - (o1 - o0))
-            self.others_cpu = others / ((t1 - t0) * (os.cpu_count() or 1))
+        cuda_sync(self.device)
+        end = cpu_snapshot()
+        self.seconds = end["t"] - self._cpu["t"]
+        others = cores_used(self._cpu, end)["others"]
+        self.others_cpu = None if math.isnan(others) else max(0.0, others) / (os.cpu_count() or 1)
 
     def result(self, engine: str, prompts, output_tokens: int, generated_tokens: int) -> Result:
         return Result(
@@ -326,8 +313,7 @@ ENGINE_FLAGS = (
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_model_args(p)
+    p = model_parser(__doc__, *ENGINE_FLAGS)
     p.add_argument("--num-seqs", type=int, default=256)
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)
@@ -337,7 +323,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=None,
         help="max_tokens of every request (default: uniform in [--min-len, --max-len])",
     )
-    add_engine_flags(p, *ENGINE_FLAGS)
     p.add_argument(
         "--max-seq-len",
         type=int,
@@ -379,7 +364,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         metavar="N",
         help="compare greedy tokens with transformers' for the first N (4) requests; float32 only",
     )
-    p.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = p.parse_args(argv)
     if not 1 <= args.min_len <= args.max_len:
         p.error("need 1 <= --min-len <= --max-len")
@@ -388,7 +372,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.tp_size > 1 and args.dummy_weights and (args.baseline != "none" or args.check):
         # each rank draws its own shard: together they are no model transformers could load
         p.error("--tp-size > 1 with random weights needs --baseline none --check 0")
-    resolve_model(p, args)
     return args
 
 
@@ -399,13 +382,8 @@ def build_llm(args: argparse.Namespace) -> LLM:
         max_seq_len=args.max_seq_len or args.max_len + max(args.max_len, args.output_len or 0),
         **engine_options(args, *ENGINE_FLAGS),
     )
-    e = llm.engine
     print(
-        f"model {e.model_dir.name} ({'random' if args.dummy_weights else 'real'} weights) on "
-        f"{e.device}, {str(e.dtype).removeprefix('torch.')}, weights {e.quantization}, "
-        f"attention {type(e.attn_backend).__name__}, {e.num_pages} KV pages of {e.page_size}"
-        + (f", tensor parallel over {e.tp.size} ranks" if e.tp.size > 1 else "")
-        + "; "
+        f"{describe(llm.engine)}, {'random' if args.dummy_weights else 'real'} weights; "
         f"{args.num_seqs} requests, lengths {args.min_len}..{args.max_len}"
         + (f", {args.output_len} output tokens each" if args.output_len else "")
     )
@@ -479,6 +457,7 @@ def main(argv=None) -> int:
         engine.model_dir,
         engine.model_config,
     )
+    what_ran = engine_record(engine)
     if args.warmup:
         llm.generate(warm[0], greedy_params(warm[1]))
     ours, our_tokens, outputs = best_of(args.repeat, partial(run_minisgl, llm, prompts, max_tokens))
@@ -522,9 +501,7 @@ def main(argv=None) -> int:
     if args.json:
         record = {
             "args": vars(args),
-            "model": model_dir.name,
-            "device": str(device),
-            "dtype": str(dtype),
+            **what_ran,
             "baseline_batch_size": batch,
             "results": [asdict(r) | {"tok_per_s": r.tok_per_s} for r in results],
             "ratio": results[0].tok_per_s / results[1].tok_per_s if len(results) == 2 else None,

@@ -22,8 +22,13 @@ import statistics
 import sys
 import time
 
-import torch
-from common import add_engine_flags, add_model_args, resolve_model, write_json
+from common import (
+    cuda_sync,
+    describe,
+    engine_record,
+    model_parser,
+    write_json,
+)
 
 from minisgl import LLM, SamplingParams
 
@@ -37,40 +42,31 @@ def workload(args: argparse.Namespace) -> list[list[int]]:
     ]
 
 
-def sync(llm: LLM) -> None:
-    if llm.engine.device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def run(llm: LLM, prompts: list[list[int]], output_len: int) -> dict:
     """One round: {ttft: [seconds per request], total: seconds, tokens: [[ids]]}."""
     llm.scheduler.flush_cache()  # every round starts with nothing cached
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)
     ttft: list[float | None] = [None] * len(prompts)
-    sync(llm)
+    cuda_sync(llm.engine.device)
     start = time.perf_counter()
     outputs = [None] * len(prompts)
     for event in llm.stream(prompts, params):
         if ttft[event.index] is None:
             ttft[event.index] = time.perf_counter() - start
         outputs[event.index] = event.output
-    sync(llm)
+    cuda_sync(llm.engine.device)
     total = time.perf_counter() - start
     return {"ttft": ttft, "total": total, "tokens": [o.token_ids for o in outputs]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_model_args(p)
-    add_engine_flags(p, "device", "dtype")
+    p = model_parser(__doc__, "device", "dtype")
     p.add_argument("--num-seqs", type=int, default=16)
     p.add_argument("--system-len", type=int, default=1024)
     p.add_argument("--unique-len", type=int, default=32)
     p.add_argument("--output-len", type=int, default=16)
     p.add_argument("--repeat", type=int, default=2, help="rounds per mode; the best is kept")
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    resolve_model(p, args)
     prompts = workload(args)
     warm = [[7] * 64]
     max_seq_len = args.system_len + args.unique_len + args.output_len + 16
@@ -95,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         llms["radix"].engine.model.load_state_dict(llms["none"].engine.model.state_dict())
     e = llms["none"].engine
     print(
-        f"model {e.model_dir.name} on {e.device} ({str(e.dtype).removeprefix('torch.')}, "
-        f"{type(e.attn_backend).__name__}, page size {e.page_size}); {args.num_seqs} requests "
+        f"{describe(e)}; {args.num_seqs} requests "
         f"of a {args.system_len}-token shared prompt + {args.unique_len} own tokens, "
         f"{args.output_len} output tokens each, all at once"
     )
@@ -128,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json,
             {
                 "args": vars(args),
-                "device": str(e.device),
-                "dtype": str(e.dtype),
+                **engine_record(e),
                 "mean_ttft_s": mean,
                 "total_s": {m: r["total"] for m, r in best.items()},
                 "ttft_ratio": ttft_x,

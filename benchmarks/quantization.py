@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import write_json
+from common import script_parser, write_json
 
 TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes "
@@ -180,12 +180,11 @@ def child(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = script_parser(__doc__)
     p.add_argument("--quantization", nargs="+", default=["gguf", "none"])
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--chunk", type=int, nargs="+", default=[64, 512])
     p.add_argument("--child", choices=["memory", "quality"], help=argparse.SUPPRESS)
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.child:
         args.quantization = args.quantization[0]

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 import tempfile
@@ -61,11 +60,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common import (
-    add_engine_flags,
-    add_model_args,
-    cpu_seconds,
-    machine_busy_seconds,
-    resolve_model,
+    cores_used,
+    cpu_snapshot,
+    model_parser,
     write_json,
 )
 
@@ -207,12 +204,11 @@ def table(batch: int, mean: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_model_args(p)
+    p = model_parser(__doc__, "device", "dtype", "attention_backend", "cuda_graph",
+                     default_config="qwen3-0.6b")  # fmt: skip
     p.add_argument("--layers", type=int, default=2, help="num_hidden_layers override")
     p.add_argument("--hidden-size", type=int, default=None, help="narrower model (heads of 64)")
     p.add_argument("--vocab-size", type=int, default=None, help="smaller vocabulary")
-    add_engine_flags(p, "device", "dtype", "attention_backend", "cuda_graph")
     overlap = p.add_mutually_exclusive_group()
     overlap.add_argument(
         "--disable-overlap-schedule",
@@ -234,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         help="weights: float, or int8 weight-only (the quantized kernels; random weights "
         "have no GGUF blocks)",
     )
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    if args.model is None and args.config is None:
-        args.config = "qwen3-0.6b"
-    resolve_model(p, args)
 
     import torch
 
@@ -284,13 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = []
     for i, batch in enumerate(args.batch_sizes):
-        busy, own, t = machine_busy_seconds(), cpu_seconds(os.getpid()), time.perf_counter()
+        before = cpu_snapshot()
         timer.timing = True
         steps = measure(scheduler, timer, batch, args, seed=i + 1)
         timer.timing = False
         free = measure(scheduler, timer, batch, args, seed=i + 1)  # as the loop really runs
-        others = machine_busy_seconds() - busy - (cpu_seconds(os.getpid()) - own)
-        others /= time.perf_counter() - t  # cores other processes used meanwhile (nan: no /proc)
+        others = cores_used(before, cpu_snapshot())["others"]  # cores (nan: no /proc)
         mean = summarize(steps)
         mean["free_wall"] = sum(s["wall"] for s in free) / len(free)
         print(f"\n{table(batch, mean)}\nothers' CPU meanwhile: {others:.2f} cores")

@@ -13,10 +13,9 @@ held text, each token), measured in the same run. Flat per-token cost in L is th
 
 from __future__ import annotations
 
-import argparse
 import time
 
-from common import write_json
+from common import script_parser, write_json
 
 from minisgl.tokenizer.detokenize import ChoiceState, DecodeState, DetokenizeManager
 from minisgl.tokenizer.stop import StopStrings
@@ -53,9 +52,8 @@ def quadratic(stop: str, tokens: int) -> list[float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = script_parser(__doc__)
     p.add_argument("--lengths", type=int, nargs="+", default=[10, 100, 1000])
-    p.add_argument("--json", default=None, metavar="PATH")
     args = p.parse_args(argv)
     rows = []
     print(f"{'stop length':>11}  {'linear us/token':>15}  {'quadratic us/token':>18}")

@@ -14,13 +14,17 @@ rounds each, alternating, in one process with one engine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
-import torch
-from common import add_engine_flags, add_model_args, resolve_model, write_json
+from common import (
+    cuda_sync,
+    describe,
+    engine_record,
+    model_parser,
+    write_json,
+)
 
 from minisgl import LLM, SamplingParams
 
@@ -49,24 +53,18 @@ SCHEMAS = [
 
 
 def timed(llm: LLM, prompts, params) -> tuple[float, list]:
-    if llm.engine.device.type == "cuda":
-        torch.cuda.synchronize()
+    cuda_sync(llm.engine.device)
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
-    if llm.engine.device.type == "cuda":
-        torch.cuda.synchronize()
+    cuda_sync(llm.engine.device)
     return time.perf_counter() - start, outs
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_model_args(p)
-    add_engine_flags(p, "device")
+    p = model_parser(__doc__, "device")
     p.add_argument("--num-seqs", type=int, default=16)
     p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--json", default=None)
     args = p.parse_args(argv)
-    resolve_model(p, args)
     llm = LLM(model=args.model, device=args.device, dummy_weights=args.dummy_weights)
     prompts = [
         [{"role": "user", "content": f"Request {i}: answer with a JSON record, please."}]
@@ -88,15 +86,14 @@ def main(argv: list[str] | None = None) -> int:
     tokens = sum(lengths)
     rate = {k: tokens / s for k, s in best.items()}
     ratio = rate["constrained"] / rate["free"]
-    e = llm.engine
     print(
-        f"{e.model_dir.name} on {e.device}: {args.num_seqs} requests, {tokens} output tokens "
+        f"{describe(llm.engine)}: {args.num_seqs} requests, {tokens} output tokens "
         f"each way; every constrained output valid JSON ending in stop: {valid}\n"
         f"constrained {best['constrained']:.2f} s ({rate['constrained']:.1f} tok/s), "
         f"unconstrained {best['free']:.2f} s ({rate['free']:.1f} tok/s): {ratio:.2f}x"
     )
     if args.json:
-        write_json(args.json, {"args": vars(args), "tokens": tokens, "seconds": best,
+        write_json(args.json, {"args": vars(args), **engine_record(llm.engine), "tokens": tokens, "seconds": best,
                                "tok_per_s": rate, "ratio": ratio, "valid": valid})  # fmt: skip
     return 0 if valid else 1
 

@@ -29,7 +29,6 @@ on PyPI (its vendored llama.cpp), outside this repository:
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import signal
@@ -37,12 +36,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
-import httpx
 import online
-from common import wait_quiet, write_json
+from common import add_quiet_flags, launched_minisgl, quiet_first, script_parser, write_json
 
 BUILD_HINT = __doc__[__doc__.index("Build it from") : __doc__.index("    python benchmarks/")]
 
@@ -53,95 +52,54 @@ def find_llama_server(path: str | None) -> str | None:
     return shutil.which("llama-server")
 
 
-class LlamaServer:
-    """`llama-server` on a free port, in its own process group, its log in a temp file."""
+@contextmanager
+def llama_server(binary: str, gguf: Path, threads: int, slots: int, ctx: int, timeout: float):
+    """`llama-server` on a free port, in its own process group, its log in a temp file;
+    yielded once healthy (`.base_url`, `.proc`), stopped after."""
+    from minisgl.testing.server import wait_healthy
+    from minisgl.utils.process import free_port
 
-    def __init__(self, binary: str, gguf: Path, threads: int, slots: int, ctx: int) -> None:
-        from minisgl.utils.process import free_port
-
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.log = tempfile.NamedTemporaryFile("w", prefix="llama-server-", suffix=".log")
-        self.cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
-                    "-t", str(threads), "-np", str(slots), "-c", str(ctx), "--jinja"]  # fmt: skip
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-
-    def wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"llama-server exited: {Path(self.log.name).read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"llama-server not healthy after {timeout} s")
-
-    def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
+    port = free_port()
+    cmd = [binary, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
+           "-t", str(threads), "-np", str(slots), "-c", str(ctx), "--jinja"]  # fmt: skip
+    with tempfile.NamedTemporaryFile("w", prefix="llama-server-", suffix=".log") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = SimpleNamespace(base_url=f"http://127.0.0.1:{port}", proc=proc)
         try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.log.close()
-
-
-def start_minisgl(args):
-    from minisgl.testing.server import RunningServer
-
-    model = str(args.gguf) if args.gguf else None
-    extra = ["--log-level", "warning", *args.minisgl_arg]
-    env = {"OMP_NUM_THREADS": str(args.minisgl_threads)} if args.minisgl_threads else None
-    server = RunningServer(model, *extra, env=env, device="cpu", wait=False)
-    server.wait_healthy(args.launch_timeout)
-    return server
-
-
-def measure(args, base_url: str, pgid: int, concurrency: int) -> dict:
-    """online.py's workload at one concurrency against the server at `base_url`."""
-    run = argparse.Namespace(
-        base_url=base_url,
-        model=None,
-        launch=False,
-        server_pgid=pgid,
-        concurrency=concurrency,
-        num_requests=args.requests_per_stream * concurrency,
-        request_rate=float("inf"),
-        input_len=args.input_len,
-        output_len=args.output_len,
-        seed=args.seed,
-        timeout=args.timeout,
-        api_key=None,
-        no_progress=True,
-        quiet_limit=0.0,
-    )
-    return online.run(run)  # a usage check (also a warm-up), then the timed load
+            if not wait_healthy(server.base_url, lambda: proc.poll() is not None, timeout):
+                tail = Path(log.name).read_text()[-2000:]
+                raise SystemExit(f"llama-server exited or not healthy after {timeout} s: {tail}")
+            yield server
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def one_round(args, binary: str, gguf: Path, order: list[str]) -> dict[str, dict[int, dict]]:
+    """Each server in `order` started, measured at every concurrency (online.py's workload:
+    a warm-up request, then the timed load), and stopped."""
     out: dict[str, dict[int, dict]] = {}
     top = max(args.concurrency)
     for name in order:
-        if args.quiet_limit > 0:
-            wait_quiet(args.quiet_limit, args.quiet_timeout)
+        quiet_first(args)
         if name == "minisgl":
-            server = start_minisgl(args)
-            stop = lambda s=server: s.stop(signal.SIGINT)  # noqa: E731
+            env = {"OMP_NUM_THREADS": str(args.minisgl_threads)} if args.minisgl_threads else None
+            server = launched_minisgl(str(args.gguf) if args.gguf else None, *args.minisgl_arg,
+                                      env=env, timeout=args.launch_timeout)  # fmt: skip
         else:
             ctx = top * (args.input_len + args.output_len + 128)
-            server = LlamaServer(binary, gguf, args.threads, top, ctx)
-            server.wait_healthy(args.launch_timeout)
-            stop = server.stop
-        try:
-            out[name] = {c: measure(args, server.base_url, server.proc.pid, c)
-                         for c in args.concurrency}  # fmt: skip
-        finally:
-            stop()
+            server = llama_server(binary, gguf, args.threads, top, ctx, args.launch_timeout)
+        with server as srv:
+            loads = {c: online.Load(srv.base_url, args.requests_per_stream * c, c,
+                                    input_len=args.input_len, output_len=args.output_len,
+                                    seed=args.seed, timeout=args.timeout, server_pgid=srv.proc.pid)
+                     for c in args.concurrency}  # fmt: skip
+            out[name] = {c: online.run(load) for c, load in loads.items()}
         for c, s in out[name].items():
             print(
                 f"  {name:9s} c={c:<3d} {s['output_tokens_per_s']:7.1f} tok/s  TTFT p50 "
@@ -192,10 +150,8 @@ def print_table(rows: list[dict], n_rounds: int) -> None:
         )
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+def parse_args(argv=None):
+    p = script_parser(__doc__)
     p.add_argument("--llama-server", default=None, help="the binary (default: from PATH)")
     p.add_argument("--gguf", type=Path, default=None, help="default: the embedded model's")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
@@ -213,10 +169,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0)
     p.add_argument("--launch-timeout", type=float, default=600.0)
-    p.add_argument("--quiet-limit", type=float, default=0.0,
-                   help="before each server, wait until others use under this %% of a core")  # fmt: skip
-    p.add_argument("--quiet-timeout", type=float, default=120.0)
-    p.add_argument("--json", default=None, metavar="PATH")
+    add_quiet_flags(p, timeout=120.0)  # before each server
     return p.parse_args(argv)
 
 

@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from minisgl.kvcache import pages_for
+
 from .base import AttentionBackend, ForwardInfo
 
 # Largest absolute error against the float32 reference. bfloat16 keeps 8 bits of mantissa
@@ -82,7 +84,7 @@ def paged_layout(
     """A step over pages `first_page`, `first_page + 1`, ... handed to the requests in a
     shuffled order (so a request's pages are not adjacent); `reqs` are (cached, new)."""
     rng = random.Random(seed)
-    counts = [-(-(c + e) // page_size) for c, e in reqs]
+    counts = [pages_for(c + e, page_size) for c, e in reqs]
     pages = list(range(first_page, first_page + sum(counts)))
     rng.shuffle(pages)
     table = torch.zeros(len(reqs), max(counts), dtype=torch.int32)
@@ -218,7 +220,7 @@ def _steps(decode_batches, max_len: int, max_tokens: int, ps: int, num_pages: in
             if (limit := max(2, min(max_len, max_tokens // b)))
         ]
         steps.append(("prefill", mixed_layout(max_len, ps)))
-        pages = max(sum(-(-(c + n) // ps) for c, n in reqs) for _, reqs in steps)
+        pages = max(sum(pages_for(c + n, ps) for c, n in reqs) for _, reqs in steps)
         if pages <= num_pages or max_len <= 2:
             return steps
         max_len //= 2

@@ -45,6 +45,7 @@ def run(device: torch.device, seconds: float, not_checked: list[dict]) -> dict |
         from minisgl.engine.config import EngineConfig
         from minisgl.engine.engine import Engine
         from minisgl.engine.sequences import Sequences
+        from minisgl.kvcache import pages_for
     except ImportError as exc:
         not_checked.append({"name": "throughput", "reason": f"the engine cannot be imported "
                             f"here ({exc}): pip install msgspec"})  # fmt: skip
@@ -52,7 +53,7 @@ def run(device: torch.device, seconds: float, not_checked: list[dict]) -> dict |
     shape, name, (pb, plen), (db, dlen), most_new = WORKLOAD[device.type]
     cuda = device.type == "cuda"
     ps = 16
-    pages = max(pb * -(-(plen + 1) // ps), db * -(-(dlen + most_new) // ps)) + 8
+    pages = max(pb * pages_for(plen + 1, ps), db * pages_for(dlen + most_new, ps)) + 8
     try:
         with tempfile.TemporaryDirectory(prefix="minisgl-probe-") as tmp:
             model_dir = write_config(Path(tmp), {"tie_word_embeddings": True, **shape})

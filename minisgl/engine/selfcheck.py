@@ -43,6 +43,9 @@ import torch
 from minisgl.attention import AttentionContext, ForwardInfo
 from minisgl.attention.check import TOLERANCE, CheckResult, check_attention, first_line
 from minisgl.distributed import STARTUP_TIMEOUT_S, barrier, broadcast_object, gather_objects
+from minisgl.kvcache import pages_for
+
+from .sequences import Sequences, consecutive_pages
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -202,7 +205,7 @@ def _decode_layout(engine: Engine, bs: int) -> list[int]:
     lens = []
     for r in range(bs):
         n = 1 + (r * 7 + bs) % (3 * ps)
-        pages = -(-n // ps)
+        pages = pages_for(n, ps)
         lens.append(n if pages <= free else 0)
         free -= pages if pages <= free else 0
     return lens
@@ -229,11 +232,7 @@ def check_graphs(engine: Engine) -> list[CheckResult]:
             lens = _decode_layout(engine, bs)
             real = sum(n > 0 for n in lens)
             table = torch.full((bs, buf.block_table.shape[1]), pool.scratch_page, dtype=torch.int32)
-            first = 0
-            for r, n in enumerate(lens):
-                count = -(-n // ps)
-                table[r, :count] = torch.arange(first, first + count, dtype=torch.int32)
-                first += count
+            first = consecutive_pages(table, lens, ps)  # pages used, from page 0
             pos = torch.tensor([max(n - 1, 0) for n in lens])
             slots = table[torch.arange(bs), pos // ps].long() * ps + pos % ps
             ids = torch.randint(0, engine.model_config.vocab_size, (bs,), generator=ids_gen)
@@ -270,8 +269,6 @@ def check_graphs(engine: Engine) -> list[CheckResult]:
 def check_overlap(engine: Engine) -> CheckResult:
     """Greedy tokens of a few sequences, each step launched before the previous step's
     tokens are read, against the same sequences stepped synchronously."""
-    from .sequences import Sequences
-
     started = time.perf_counter()
     rng = random.Random(0)
     vocab, ps = engine.model_config.vocab_size, engine.page_size

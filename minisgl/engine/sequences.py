@@ -19,26 +19,35 @@ from typing import TYPE_CHECKING
 import torch
 
 from minisgl.core import Batch, Req, SamplingParams
+from minisgl.kvcache import pages_for
 
 if TYPE_CHECKING:  # the engine runs these sequences; they only name its types
     from .engine import Engine, StepHandle
 
 
+def consecutive_pages(table: torch.Tensor, lengths: list[int], page_size: int) -> int:
+    """Row i of the page `table` gets pages of its own for `lengths[i]` tokens, consecutive
+    from page 0 in row order (a row of length 0 gets none). Returns how many that took."""
+    first = 0
+    for row, n in enumerate(lengths):
+        count = pages_for(n, page_size)
+        table[row, :count] = torch.arange(first, first + count, dtype=torch.int32,
+                                          device=table.device)  # fmt: skip
+        first += count
+    return first
+
+
 class Sequences:
     def __init__(self, engine: Engine, prompts: list[list[int]], max_new: int) -> None:
         ps = engine.page_size
-        counts = [-(-(len(p) + max_new) // ps) for p in prompts]
+        counts = [pages_for(len(p) + max_new, ps) for p in prompts]
         if len(prompts) > engine.config.max_running_requests or sum(counts) > engine.num_pages:
             raise ValueError(f"{len(prompts)} sequences of up to {max(counts) * ps} tokens "
                              "do not fit this engine's slots and pages")  # fmt: skip
         if max(len(p) for p in prompts) + max_new > engine.max_seq_len:
             raise ValueError(f"sequences longer than the engine's {engine.max_seq_len} tokens")
         self.engine, self.prompts, self.max_new = engine, prompts, max_new
-        first = 0
-        for slot, count in enumerate(counts):
-            pages = torch.arange(first, first + count, dtype=torch.int32)
-            engine.page_table[slot, :count] = pages.to(engine.device)
-            first += count
+        consecutive_pages(engine.page_table, [len(p) + max_new for p in prompts], ps)
         self.reqs: list[Req] = []
         # perf_counter() when the last generate() read its prefill step's tokens, and ended
         self.prefilled_at = self.finished_at = 0.0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .allocator import PageAllocator
+from .allocator import PageAllocator, pages_for
 from .pool import KVCachePool
 
-__all__ = ["KVCachePool", "PageAllocator"]
+__all__ = ["KVCachePool", "PageAllocator", "pages_for"]

@@ -3,12 +3,19 @@
 Contract: pages are plain ints in [0, num_pages). `allocate(n)` hands out n distinct free
 pages or raises; `free(pages)` takes them back, and refuses a page that is not out (a double
 free is a bug that would let two requests write the same cache rows). `used` is what
-/debug/lifecycle reports as kv_pages_used.
+/debug/lifecycle reports as kv_pages_used. `pages_for(tokens, page_size)` is the one page
+formula: how many pages hold that many tokens of one sequence.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+
+def pages_for(tokens, page_size: int):
+    """Pages that hold `tokens` tokens of one sequence (ceil(tokens / page_size)); an int, or
+    elementwise for a tensor of lengths."""
+    return -(-tokens // page_size)
 
 
 class OutOfPages(RuntimeError):

@@ -45,6 +45,21 @@ def is_zero(state: dict) -> bool:
     )
 
 
+def wait_healthy(base_url: str, exited, timeout: float) -> bool:
+    """Poll `base_url`/health until it answers 200 (True), `exited()` says the server's
+    process is gone, or `timeout` seconds pass (False). Any HTTP server: ours, or the
+    benchmarks' llama.cpp and bare uvicorn."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not exited():
+        try:
+            if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+
 class RunningServer:
     def __init__(
         self,
@@ -81,16 +96,10 @@ class RunningServer:
     def wait_healthy(self, timeout: float = 180.0) -> None:
         """Return once /health answers 200; RuntimeError (with the log) if the server exits
         first, or if it is not healthy after `timeout` seconds (then it is stopped)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        if wait_healthy(self.base_url, lambda: self.proc.poll() is not None, timeout):
+            return
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
         self.stop()
         raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
 

@@ -16,10 +16,14 @@ Contract:
   line nor the blank line after one; `strict=False` (a load generator pointed at another
   server) skips comments and other fields. `chunks_of_lines(lines)` is `sse_chunks` over
   lines.
+- `response_events(body)`: a finished Responses API stream as the official client's typed
+  events (openai's `ResponseStreamEvent`, validated strictly), each event's `event:` name
+  its type and the sequence numbers 0, 1, 2, ... (AssertionError otherwise).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass
@@ -116,3 +120,24 @@ async def aiter_payloads(lines: AsyncIterable[str], strict: bool = True) -> Asyn
 
 def chunks_of_lines(lines: Iterable[str]) -> list[dict[str, Any]]:
     return _chunks(list(iter_payloads(lines)))
+
+
+@functools.cache
+def _response_event_adapter():
+    from openai.types.responses import ResponseStreamEvent  # the tests' client, not a server need
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(ResponseStreamEvent)
+
+
+def response_events(body: bytes | str) -> list:
+    adapter, events = _response_event_adapter(), []
+    for sse in parse_events(body, named=True):
+        event = adapter.validate_python(json.loads(sse.data), strict=True)
+        if sse.name != event.type:
+            raise SSEFormatError(f"an event named {sse.name!r} holds a {event.type!r}")
+        events.append(event)
+    numbers = [e.sequence_number for e in events]
+    if numbers != list(range(len(events))):
+        raise SSEFormatError(f"sequence numbers {numbers}, not 0, 1, 2, ...")
+    return events

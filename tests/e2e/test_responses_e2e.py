@@ -16,14 +16,11 @@ import jsonschema
 import openai
 import pytest
 from e2e_helpers import ERROR_KEYS, PROTOCOL_SERVER
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from openai.types.responses import Response
 
-from minisgl.testing.sse import parse_events
+from minisgl.testing.sse import response_events
 
 pytestmark = pytest.mark.server(PROTOCOL_SERVER)
-
-EVENTS = TypeAdapter(ResponseStreamEvent)
 
 
 def responses_url(server) -> str:
@@ -39,13 +36,7 @@ def raw_events(server, body: dict) -> list:
         assert r.headers["content-type"].startswith("text/event-stream")
         raw = r.read().decode()
     assert "[DONE]" not in raw
-    events = []
-    for sse in parse_events(raw, named=True):
-        event = EVENTS.validate_python(json.loads(sse.data), strict=True)
-        assert sse.name == event.type
-        events.append(event)
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    return events
+    return response_events(raw)
 
 
 def test_a_response_is_the_chat_completion_it_stands_for(server, client):

@@ -67,29 +67,42 @@ def test_every_ending_leaves_every_rank_at_zero(server, client):
     assert len(state["scheduler"]["ranks"]) == 2
 
 
-async def test_sigkill_of_rank_1_ends_every_request_and_the_server(start_server):
-    server = start_server("llama", *TP)
-    ipc = ipc_dir(server)
-    (rank1,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
-    assert rank1 in server.children()
-    url = chat_url(server)
-    async with httpx.AsyncClient(timeout=30) as http:
-        stream = HeldStream(http, url, tokens_body(server, 230, stream=True))
-        async with contextlib.AsyncExitStack() as stack:
-            await stack.enter_async_context(stream)
+def _rank_1(server) -> int:
+    (pid,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
+    return pid
+
+
+async def _signal_rank_1_mid_request(server, sig: int, wait_s: float, during=None):
+    """A stream (held after its first chunk) and a non-streamed request are in flight when
+    rank 1 gets `sig`; `during(http)` runs right after the signal. Returns the stream's raw
+    bytes, the non-streamed response, the seconds from the signal to the stream's end and
+    to both ends, and what `during` returned. Either request waits at most `wait_s`."""
+    rank1, url = _rank_1(server), chat_url(server)
+    async with httpx.AsyncClient(timeout=60) as http:
+        async with HeldStream(http, url, tokens_body(server, 230, stream=True)) as stream:
             await stream.first()
             full = asyncio.create_task(http.post(url, json=tokens_body(server, 230)))
             await asyncio.sleep(0.3)
-            os.kill(rank1, signal.SIGKILL)
-            killed = time.monotonic()
-            raw = await asyncio.wait_for(stream.rest(), 10)
-            r = await asyncio.wait_for(full, 10)
-        assert stream.ended_at - killed < 2.0 and time.monotonic() - killed < 2.5
-        assert b'"finish_reason":"length"' not in raw
-        if raw.endswith(SSE_DONE):
-            assert_error_event_then_done(raw, "backend_unavailable")
-        assert r.status_code == 503, r.text
-        assert_error_body(r.json(), "backend_unavailable")
+            os.kill(rank1, sig)
+            sent = time.monotonic()
+            seen = await during(http) if during else None
+            raw = await asyncio.wait_for(stream.rest(), wait_s)
+            r = await asyncio.wait_for(full, wait_s)
+            both = time.monotonic() - sent
+    assert b'"finish_reason":"length"' not in raw
+    if raw.endswith(SSE_DONE):
+        assert_error_event_then_done(raw, "backend_unavailable")
+    assert r.status_code == 503, r.text
+    return raw, r, stream.ended_at - sent, both, seen
+
+
+async def test_sigkill_of_rank_1_ends_every_request_and_the_server(start_server):
+    server = start_server("llama", *TP)
+    ipc = ipc_dir(server)
+    assert _rank_1(server) in server.children()
+    _, r, stream_s, both_s, _ = await _signal_rank_1_mid_request(server, signal.SIGKILL, 10)
+    assert stream_s < 2.0 and both_s < 2.5
+    assert_error_body(r.json(), "backend_unavailable")
     rc = await asyncio.to_thread(server.proc.wait, 20)
     assert rc != 0, server.log()[-3000:]
     assert_all_gone(server, ipc)
@@ -112,30 +125,19 @@ DIST_TIMEOUT = 3.0
 async def test_a_stopped_rank_ends_every_request_within_the_timeout(start_server):
     server = start_server("llama", *TP, "--dist-timeout", str(DIST_TIMEOUT))
     ipc = ipc_dir(server)
-    (rank1,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
-    url = chat_url(server)
+    rank1 = _rank_1(server)
+
+    async def answers(http):  # while rank 0 waits for it, the server answers (503: not in step)
+        return [(await http.get(f"{server.base_url}{path}")).status_code
+                for path in ("/health", "/debug/lifecycle")]  # fmt: skip
+
     try:
-        async with httpx.AsyncClient(timeout=60) as http:
-            stream = HeldStream(http, url, tokens_body(server, 230, stream=True))
-            async with contextlib.AsyncExitStack() as stack:
-                await stack.enter_async_context(stream)
-                await stream.first()
-                full = asyncio.create_task(http.post(url, json=tokens_body(server, 230)))
-                await asyncio.sleep(0.3)
-                os.kill(rank1, signal.SIGSTOP)
-                stopped = time.monotonic()
-                # while rank 0 waits for it, the server answers (503: not in step)
-                health = await http.get(f"{server.base_url}/health")
-                lifecycle = await http.get(f"{server.base_url}/debug/lifecycle")
-                raw = await asyncio.wait_for(stream.rest(), DIST_TIMEOUT + 30)
-                r = await asyncio.wait_for(full, DIST_TIMEOUT + 30)
-            assert health.status_code in (200, 503) and lifecycle.status_code in (200, 503)
-            assert stream.ended_at - stopped < DIST_TIMEOUT + 10
-            assert b'"finish_reason":"length"' not in raw
-            if raw.endswith(SSE_DONE):
-                assert_error_event_then_done(raw, "backend_unavailable")
-            assert r.status_code == 503, r.text
-            assert "did not answer" in r.json()["error"]["message"] or "died" in r.text
+        _, r, stream_s, _, codes = await _signal_rank_1_mid_request(
+            server, signal.SIGSTOP, DIST_TIMEOUT + 30, during=answers
+        )
+        assert all(code in (200, 503) for code in codes)
+        assert stream_s < DIST_TIMEOUT + 10
+        assert "did not answer" in r.json()["error"]["message"] or "died" in r.text
         rc = await asyncio.to_thread(server.proc.wait, 30)
         assert rc != 0, server.log()[-3000:]
         assert_all_gone(server, ipc)
@@ -148,7 +150,7 @@ async def test_a_stopped_rank_ends_every_request_within_the_timeout(start_server
 def test_sigterm_stops_every_rank_also_while_one_is_stopped(start_server, second):
     server = start_server("llama", *TP, "--dist-timeout", str(DIST_TIMEOUT))
     ipc = ipc_dir(server)
-    (rank1,) = [r["pid"] for r in _ranks(server) if r["rank"] == 1]
+    rank1 = _rank_1(server)
     os.kill(rank1, signal.SIGSTOP)
     try:
         server.proc.send_signal(signal.SIGTERM)

@@ -16,7 +16,6 @@ import math
 import frontend
 import frontend_stack
 import online
-import profile_summary
 import pytest
 
 from minisgl.server.buffer import ChoiceOutput, Output
@@ -50,6 +49,8 @@ def test_tally_counts_chunks_and_tokens_across_any_cut():
 
 
 def test_online_prompts_arrivals_and_percentiles():
+    import common
+
     prompts = online.make_prompts(3, 50, seed=1)
     assert prompts == online.make_prompts(3, 50, seed=1)
     assert all(len(p.split()) == 50 for p in prompts)
@@ -57,24 +58,49 @@ def test_online_prompts_arrivals_and_percentiles():
     offsets = online.arrival_offsets(2000, 10.0, 0)
     assert offsets == sorted(offsets)
     assert 180 < offsets[-1] < 220  # 2000 arrivals at 10/s
-    p = online.percentiles([i / 1000 for i in range(1, 101)])  # 1..100 ms
+    p = common.percentiles([i / 1000 for i in range(1, 101)])  # 1..100 ms
     assert (p["p50"], p["p90"], p["p99"]) == pytest.approx((50, 90, 99))
-    assert online.percentiles([])["p50"] is None
+    assert common.percentiles([])["p50"] is None
 
 
 def test_online_summary_counts_tokens_of_finished_requests():
-    ok = online.RequestResult(
-        ok=True, start=0.0, end=1.0, ttft=0.1, chunk_times=[0.1, 0.2, 0.4], finish_reason="length"
-    )
+    ok = online.RequestResult(ok=True, start=0.0, end=1.0, ttft=0.1, chunk_times=[0.1, 0.2, 0.4],
+                              finish_reason="length", prompt_tokens=10, completion_tokens=60)  # fmt: skip
     bad = online.RequestResult(ok=False, start=0.0, end=0.5, error="HTTP 503")
-    args = online.parse_args(["--num-requests", "2"])
-    check = {"prompt_tokens": 10, "completion_tokens": 64}
-    s = online.summarize(args, "m", [ok, bad], 2.0, check)
+    load = online.Load("http://x", num_requests=2)
+    s = online.summarize(load, "m", [ok, bad], 2.0)
     assert (s["requests_ok"], s["requests_failed"], s["errors"]) == (1, 1, ["HTTP 503"])
-    assert s["output_tokens_per_s"] == 32.0 and s["content_chunks"] == 3
-    ok.completion_tokens = 60  # the stream's own usage wins over the check
-    assert online.summarize(args, "m", [ok, bad], 2.0, check)["output_tokens"] == 60
+    assert s["output_tokens"] == 60 and s["output_tokens_per_s"] == 30.0  # the streams' usage
+    assert s["content_chunks"] == 3 and s["prompt_tokens_per_request"] == 10
     assert s["itl_ms"]["p50"] == pytest.approx(100) and s["ttft_ms"]["p99"] == pytest.approx(100)
+
+
+def test_online_stream_counts_usage_and_fails_without_it_or_a_finish_reason():
+    import asyncio
+
+    import httpx
+
+    content = 'data: {"choices":[{"index":0,"delta":{"content":"a b"},"finish_reason":null}]}\n\n'
+    finish = 'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}\n\n'
+    usage = 'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}\n\n'
+
+    def stream(*events: str) -> online.RequestResult:
+        body = "".join(events).encode() + b"data: [DONE]\n\n"
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, content=body))
+
+        async def go():
+            async with httpx.AsyncClient(transport=transport, base_url="http://x") as client:
+                return await online.stream_one(client, {})
+
+        return asyncio.run(go())
+
+    res = stream(content, finish, usage)
+    assert res.ok and (res.prompt_tokens, res.completion_tokens) == (3, 2)
+    assert res.finish_reason == "length" and len(res.chunk_times) == 1 and res.ttft is not None
+    no_usage = stream(content, finish)
+    assert not no_usage.ok and "usage" in no_usage.error
+    no_finish = stream(content, usage)
+    assert not no_finish.ok and "finish_reason" in no_finish.error
 
 
 def test_frontend_defaults_match_the_readme():
@@ -93,7 +119,7 @@ def test_profile_summary_of_collapsed_stacks():
         "(/r/minisgl/server/frontend.py:20) 30\n"
         "<module> (x.py:1);write (/v/site-packages/h11/_conn.py:5) 70\n"
     )
-    s = profile_summary.summarize_collapsed(raw.replace("/r/", str(profile_summary.REPO) + "/"))
+    s = frontend.summarize_collapsed(raw.replace("/r/", str(frontend.REPO) + "/"))
     assert s["samples"] == 100
     assert dict(s["self_pct"]) == {
         "h11/_conn.py:write": 70.0,

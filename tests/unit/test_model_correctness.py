@@ -31,6 +31,15 @@ def _greedy() -> SamplingParams:
     return SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
 
 
+def _batched_matches(arch, tiny_dirs, references, **options) -> LLM:
+    """All of PROMPTS at once through an engine built with `options` (CPU, pages of 4
+    unless said otherwise): every request gets transformers' greedy tokens."""
+    llm = LLM(str(tiny_dirs[arch]), **{"device": "cpu", "page_size": 4, **options})
+    outs = llm.generate(PROMPTS, _greedy())
+    assert [o.token_ids for o in outs] == references[arch]
+    return llm
+
+
 def test_config_reads_what_sets_each_family_apart(tiny_dirs) -> None:
     llama = ModelConfig.from_dir(tiny_dirs["llama"])
     qwen2 = ModelConfig.from_dir(tiny_dirs["qwen2"])
@@ -54,9 +63,7 @@ def test_one_request_at_a_time_matches_transformers(arch, tiny_dirs, references)
 def test_eight_mixed_length_requests_batched_match_transformers(
     arch, tiny_dirs, references
 ) -> None:
-    llm = LLM(str(tiny_dirs[arch]), device="cpu", page_size=4)
-    outs = llm.generate(PROMPTS, _greedy())
-    assert [o.token_ids for o in outs] == references[arch]
+    _batched_matches(arch, tiny_dirs, references)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["sync", "overlap"])
@@ -64,15 +71,9 @@ def test_eight_mixed_length_requests_batched_match_transformers(
 def test_chunked_prefill_matches_transformers(arch, overlap, tiny_dirs, references) -> None:
     # a budget of 7 tokens per step splits every prompt longer than 7 into chunks, and
     # chunks of one prompt share steps with other requests' decodes
-    llm = LLM(
-        str(tiny_dirs[arch]),
-        device="cpu",
-        page_size=4,
-        max_prefill_tokens=7,
-        overlap_schedule=overlap,
+    llm = _batched_matches(
+        arch, tiny_dirs, references, max_prefill_tokens=7, overlap_schedule=overlap
     )
-    outs = llm.generate(PROMPTS, _greedy())
-    assert [o.token_ids for o in outs] == references[arch]
     assert llm.scheduler.state().kv_pages_used == 0
 
 
@@ -82,16 +83,9 @@ def test_one_token_prefill_chunks_match_transformers(arch, overlap, tiny_dirs, r
     # a step of one-token chunks looks like a decode step, yet most of its rows do not
     # sample (the prompt goes on): the rows that do must be the ones sampled from (the
     # pacer gives chunks this small on a slow CPU, and so does a budget's last token)
-    llm = LLM(
-        str(tiny_dirs[arch]),
-        device="cpu",
-        page_size=4,
-        max_prefill_tokens=1,
-        num_pages=40,
-        overlap_schedule=overlap,
+    llm = _batched_matches(
+        arch, tiny_dirs, references, max_prefill_tokens=1, num_pages=40, overlap_schedule=overlap
     )
-    outs = llm.generate(PROMPTS, _greedy())
-    assert [o.token_ids for o in outs] == references[arch]
     assert llm.scheduler.state().kv_pages_used == 0
 
 
@@ -102,11 +96,7 @@ def test_preemption_under_a_small_kv_pool_still_matches(
 ) -> None:
     # 40 pages of 4 tokens cannot hold all 8 sequences at once: the newest are preempted
     # and recomputed, and every request must still produce transformers' tokens
-    llm = LLM(
-        str(tiny_dirs[arch]), device="cpu", page_size=4, num_pages=40, overlap_schedule=overlap
-    )
-    outs = llm.generate(PROMPTS, _greedy())
-    assert [o.token_ids for o in outs] == references[arch]
+    llm = _batched_matches(arch, tiny_dirs, references, num_pages=40, overlap_schedule=overlap)
     assert llm.scheduler.num_preemptions > 0
     state = llm.scheduler.state()
     assert state.kv_pages_used == 0 and state.table_slots_used == 0
@@ -153,14 +143,8 @@ def test_triton_backend_matches_transformers(arch, tiny_dirs, references) -> Non
     """The Triton kernels (in Triton's interpreter on a CPU, compiled on CUDA) inside the
     whole engine: mixed prefill/decode steps, chunked prefill and the decode kernel."""
     pytest.importorskip("triton")
-    llm = LLM(
-        str(tiny_dirs[arch]),
-        device="cpu",
-        page_size=4,
-        max_prefill_tokens=16,
-        attention_backend="triton",
+    llm = _batched_matches(
+        arch, tiny_dirs, references, max_prefill_tokens=16, attention_backend="triton"
     )
-    outs = llm.generate(PROMPTS, _greedy())
-    assert [o.token_ids for o in outs] == references[arch]
     # decode steps ran through the graph runner's static, padded buffers
     assert llm.engine.graph_runner is not None and llm.engine.graph_runner.steps > 0

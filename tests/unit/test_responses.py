@@ -10,8 +10,8 @@ import json
 import openai
 import pytest
 from openai.lib.streaming.responses._responses import ResponseStreamState
-from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter, ValidationError
+from openai.types.responses import Response
+from pydantic import ValidationError
 
 from minisgl.message import ErrorInfo, ErrorKind
 from minisgl.server.buffer import ChoiceOutput, Output
@@ -19,9 +19,8 @@ from minisgl.server.protocol import ParamError
 from minisgl.server.responses import ResponsesRequest, chat_messages
 from minisgl.server.responses_format import ResponsesFormat
 from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
-from minisgl.testing.sse import parse_events
+from minisgl.testing.sse import response_events
 
-EVENTS = TypeAdapter(ResponseStreamEvent)
 WEATHER = {
     "type": "function",
     "name": "get_weather",
@@ -153,13 +152,7 @@ def _outputs(pieces: list[str], finish: str, error: ErrorInfo | None = None) -> 
 
 def _stream(fmt: ResponsesFormat, outputs: list[Output]) -> list:
     raw = b"".join(fmt.chunks(o) for o in outputs) + fmt.closing(outputs[-1], True)
-    events = []
-    for sse in parse_events(raw, named=True):
-        event = EVENTS.validate_python(json.loads(sse.data), strict=True)
-        assert event.type == sse.name
-        events.append(event)
-    assert [e.sequence_number for e in events] == list(range(len(events)))
-    return events
+    return response_events(raw)
 
 
 def _accumulate(events, tools=()) -> Response | None:

@@ -8,6 +8,7 @@ import asyncio
 import os
 import stat
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,18 @@ def ctx():
     context = zmq.Context()
     yield context
     context.destroy(linger=0)
+
+
+@contextmanager
+def _frontend_queues(channels):
+    """The API server's inbox (async) and a sender to it, closed after."""
+    inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
+    outbox = PushQueue(channels.frontend, FrontendMsg)
+    try:
+        yield inbox, outbox
+    finally:
+        outbox.close()
+        inbox.close()
 
 
 def _get_until(inbox: PullQueue, n: int, deadline_s: float = 5.0) -> list:
@@ -136,9 +149,7 @@ def test_two_instances_get_separate_directories():
 
 
 async def test_async_pull_queue_receives_every_waiting_frame_in_order(channels):
-    inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
-    outbox = PushQueue(channels.frontend, FrontendMsg)
-    try:
+    with _frontend_queues(channels) as (inbox, outbox):
         first = [UserReply(1, "你好 🚀", prompt_tokens=3, completion_tokens=1)]
         second = [UserReply(1, "!", finished=True, finish_reason="stop"), UserReply(2, "x")]
         outbox.put(first)
@@ -147,23 +158,15 @@ async def test_async_pull_queue_receives_every_waiting_frame_in_order(channels):
         while len(got) < 3:  # frames already waiting come with the same get
             got += await asyncio.wait_for(inbox.get(), timeout=5)
         assert got == first + second
-    finally:
-        outbox.close()
-        inbox.close()
 
 
 async def test_async_pull_queue_get_waits_without_blocking_the_loop(channels):
-    inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
-    outbox = PushQueue(channels.frontend, FrontendMsg)
-    try:
+    with _frontend_queues(channels) as (inbox, outbox):
         pending = asyncio.ensure_future(inbox.get())
         await asyncio.sleep(0.05)  # the loop keeps running while get() waits
         assert not pending.done()
         outbox.put([UserReply(7, "late")])
         assert await asyncio.wait_for(pending, timeout=5) == [UserReply(7, "late")]
-    finally:
-        outbox.close()
-        inbox.close()
 
 
 def _send_raw(addr: str, ctx: zmq.Context, frame: bytes) -> None:
@@ -196,28 +199,25 @@ def test_a_bad_frame_between_two_good_ones_costs_only_itself(channels, ctx, bad)
 
 @pytest.mark.parametrize("bad", BAD_FRAMES, ids=["garbage", "wrong_union"])
 async def test_async_pull_queue_delivers_the_good_frames_around_a_bad_one(channels, bad):
-    inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
-    outbox = PushQueue(channels.frontend, FrontendMsg)
     ctx = zmq.Context()
     try:
-        first = [UserReply(1, "a", completion_tokens=1)]
-        last = [UserReply(1, "b", finished=True, finish_reason="stop", completion_tokens=2)]
-        outbox.put(first)
-        await asyncio.sleep(0.1)
-        _send_raw(channels.frontend, ctx, bad)
-        await asyncio.sleep(0.1)
-        outbox.put(last)
-        await asyncio.sleep(0.3)  # all three frames wait: one get takes them together
-        got = await asyncio.wait_for(inbox.get(), timeout=5)
-        assert got == first + last  # the terminal reply is not lost with the bad frame
+        with _frontend_queues(channels) as (inbox, outbox):
+            first = [UserReply(1, "a", completion_tokens=1)]
+            last = [UserReply(1, "b", finished=True, finish_reason="stop", completion_tokens=2)]
+            outbox.put(first)
+            await asyncio.sleep(0.1)
+            _send_raw(channels.frontend, ctx, bad)
+            await asyncio.sleep(0.1)
+            outbox.put(last)
+            await asyncio.sleep(0.3)  # all three frames wait: one get takes them together
+            got = await asyncio.wait_for(inbox.get(), timeout=5)
+            assert got == first + last  # the terminal reply is not lost with the bad frame
 
-        _send_raw(channels.frontend, ctx, bad)  # a bad frame alone: get waits past it
-        pending = asyncio.ensure_future(inbox.get())
-        await asyncio.sleep(0.2)
-        assert not pending.done()
-        outbox.put([UserReply(2, "c")])
-        assert await asyncio.wait_for(pending, timeout=5) == [UserReply(2, "c")]
+            _send_raw(channels.frontend, ctx, bad)  # a bad frame alone: get waits past it
+            pending = asyncio.ensure_future(inbox.get())
+            await asyncio.sleep(0.2)
+            assert not pending.done()
+            outbox.put([UserReply(2, "c")])
+            assert await asyncio.wait_for(pending, timeout=5) == [UserReply(2, "c")]
     finally:
-        outbox.close()
-        inbox.close()
         ctx.destroy(linger=0)
