@@ -152,10 +152,12 @@ class TokenizerWorker:
         )  # job -> (grammar, failed item, error): least recently used first
         self._compiled_bytes = 0
         # a prompt longer than this many bytes of text cannot fit the context whatever its
-        # tokens: refused untokenized (None: no bound known)
+        # tokens: refused untokenized (None: no bound known, or no tokenizer: a model folder
+        # with a config alone takes token ids only)
         self.max_seq_len = max_seq_len
-        self.longest_token_bytes = longest_token_bytes(tokenizer) if max_seq_len else 1
-        self.max_prompt_bytes = max_seq_len * self.longest_token_bytes if max_seq_len else None
+        bounded = bool(max_seq_len) and tokenizer is not None
+        self.longest_token_bytes = longest_token_bytes(tokenizer) if bounded else 1
+        self.max_prompt_bytes = max_seq_len * self.longest_token_bytes if bounded else None
         self._tokenizing: dict[int, tuple[TokenizeMsg, Future]] = {}  # large prompts, FIFO
         self._prompt_thread: ThreadPoolExecutor | None = None
         self._wake_read = self._wake_write = -1

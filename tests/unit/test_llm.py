@@ -76,3 +76,15 @@ def test_configurations_are_taken_as_they_are_and_options_override_them(tiny_dir
 def test_an_option_no_configuration_has_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="max_prefill_token"):
         LLM(device="cpu", max_prefill_token=8)
+
+
+def test_a_folder_with_only_a_config_serves_token_ids(tiny_dirs, tmp_path) -> None:
+    # what the benchmarks' `--config NAME --dummy-weights` builds: random weights and no
+    # tokenizer, so prompts are token ids and outputs are ids (no text to decode)
+    (tmp_path / "config.json").write_text((tiny_dirs["llama"] / "config.json").read_text())
+    with LLM(str(tmp_path), device="cpu", dummy_weights=True, max_seq_len=64) as bare:
+        assert bare.tokenizer is None
+        (out,) = bare.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert out.error is None and len(out.token_ids) == 4 and out.text == ""
+        (refused,) = bare.generate([[5] * 100], SamplingParams(max_tokens=4))
+        assert refused.error and "context" in refused.error
