@@ -30,11 +30,12 @@ def measure(llm: LLM, prompt: list[int], output_len: int) -> tuple[float, float]
     """(seconds to the first token, seconds per later token) for one request."""
     llm.scheduler.flush_cache()  # the same prompt every run: its first token is a prefill
     params = SamplingParams(max_tokens=output_len, ignore_eos=True)
-    stamps: list[float] = []
+    stamps: list[tuple[float, int]] = []  # (when, tokens so far) at each event
     start = time.perf_counter()
-    for _ in llm.stream([prompt], params):
-        stamps.append(time.perf_counter())
-    return stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    for event in llm.stream([prompt], params):
+        stamps.append((time.perf_counter(), len(event.output.token_ids)))
+    (first, n_first), (last, n_last) = stamps[0], stamps[-1]
+    return first - start, (last - first) / max(1, n_last - n_first)
 
 
 ENGINE_FLAGS = ("device", "attention_backend", "cuda_graph")  # minisgl's own flags

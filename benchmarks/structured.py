@@ -9,7 +9,10 @@ the figure is output tokens per second, constrained / unconstrained. Best of `--
 rounds each, alternating, in one process with one engine.
 
     python benchmarks/structured.py                              # CPU, the embedded model
-    python benchmarks/structured.py --config qwen3-0.6b          # GPU, random weights
+    python benchmarks/structured.py --device cuda                # a GPU, the same model
+
+A grammar is built over a tokenizer's vocabulary and the prompts are chat messages, so the
+model needs a tokenizer: a `--config` folder (a config alone) is refused.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
     llm = LLM(model=args.model, device=args.device, dummy_weights=args.dummy_weights)
+    if llm.tokenizer is None:
+        print(f"{args.model} has no tokenizer: structured output needs one (use --model)")
+        return 2
     prompts = [
         [{"role": "user", "content": f"Request {i}: answer with a JSON record, please."}]
         for i in range(args.num_seqs)

@@ -291,7 +291,9 @@ class LLM:
         output.cached_tokens = max(output.cached_tokens, reply.cached_tokens)
         if reply.finished:
             del live[reply.uid]
-        if reply.incremental_output or reply.finish_reason or reply.finished:
+        # a model with no tokenizer has no text to wait for: each of its tokens is an event
+        news = reply.incremental_output or self.tokenizer is None
+        if news or reply.finish_reason or reply.finished:
             yield StreamEvent(index, reply.index, reply.incremental_output, output)
 
     def _fail(self, live, exc: RanksFailed) -> Iterator[StreamEvent]:

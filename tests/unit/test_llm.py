@@ -86,5 +86,11 @@ def test_a_folder_with_only_a_config_serves_token_ids(tiny_dirs, tmp_path) -> No
         assert bare.tokenizer is None
         (out,) = bare.generate([[5, 6, 7]], SamplingParams(max_tokens=4, ignore_eos=True))
         assert out.error is None and len(out.token_ids) == 4 and out.text == ""
+        # with no text to wait for, each token is a stream event
+        seen = [
+            len(e.output.token_ids)
+            for e in bare.stream([[5, 6]], SamplingParams(max_tokens=3, ignore_eos=True))
+        ]
+        assert seen == [1, 2, 3]
         (refused,) = bare.generate([[5] * 100], SamplingParams(max_tokens=4))
         assert refused.error and "context" in refused.error
