@@ -9,8 +9,9 @@ Contract:
   - "none": float weights from the checkpoint (or random, `dummy_weights`), as before;
   - "gguf": the GGUF's own blocks (gguf_quant.py) packed into `Int4Linear`s; no float
     copy of a quantized matrix is ever made (the linears are placeholders on "meta" until
-    their packed weights arrive). The embedding reads its rows out of the LM head's packed
-    weights when the two are tied, else out of its own;
+    their packed weights arrive); where a second core is free (split.py's
+    `helper_thread_pays`) they take batched steps' rows on two threads. The embedding reads its rows out of the LM head's packed weights when the two are tied,
+    else out of its own;
   - "int8": the float model loaded, then every linear rounded to `Int8Linear` (per output
     channel) and its float weight dropped; the embedding as above.
 - Tensor parallelism: each rank's slices are taken by `CausalLM._rank_slice` from float
@@ -33,6 +34,7 @@ from .config import ModelConfig
 from .decoder import _FUSED, CausalLM, VocabEmbedding
 from .layers import Linear
 from .quant import GroupQuant, Int4Linear, Int8Linear, quantized_kernels_available
+from .split import helper_thread_pays
 from .weight import init_dummy_weights, iter_checkpoint
 
 QUANTIZATIONS = ("gguf", "none", "int8")
@@ -189,9 +191,10 @@ def _load_gguf(
     embedding = _pad_rows(embedding, emb.rows)
     if config.tie_word_embeddings:
         parts["lm_head"] = {0: embedding}
+    two_threads = helper_thread_pays(device, tp.size)
     for name, (out_features, in_features) in shapes.items():
         model.set_submodule(name, _linear(name, parts.pop(name, {}), out_features, in_features,
-                                          dtype, device))  # fmt: skip
+                                          dtype, device, two_threads))  # fmt: skip
     if parts:
         raise ValueError(f"checkpoint weights with no place in the model: {sorted(parts)[:8]}")
 
@@ -221,8 +224,10 @@ def _pad_rows(weight: GroupQuant | torch.Tensor, rows: int):
     return torch.nn.functional.pad(weight, (0, 0, 0, rows - weight.shape[0]))
 
 
-def _linear(name: str, shards: dict, out_features: int, in_features: int, dtype, device):
-    """The module for one (fused) linear from its checkpoint shards, in order."""
+def _linear(name: str, shards: dict, out_features: int, in_features: int, dtype, device,
+            two_threads: bool = False):  # fmt: skip
+    """The module for one (fused) linear from its checkpoint shards, in order (a quantized
+    one on two threads for batched steps when `two_threads`)."""
     count = 3 if ".qkv_proj" in name else 2 if ".gate_up_proj" in name else 1
     if sorted(shards) != list(range(count)):
         raise ValueError(f"checkpoint is missing weights of {name}")
@@ -236,7 +241,9 @@ def _linear(name: str, shards: dict, out_features: int, in_features: int, dtype,
             f"{name}: checkpoint shape {tuple(weight.shape)} != model {(out_features, in_features)}"
         )
     if isinstance(weight, GroupQuant):
-        return Int4Linear(weight)
+        layer = Int4Linear(weight)
+        layer.two_threads = two_threads
+        return layer
     layer = Linear(in_features, out_features, bias=False, device=device, dtype=dtype)
     layer.weight.requires_grad_(False).copy_(weight)
     return layer

@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .split import by_rows, worth_splitting
 
 logger = logging.getLogger(__name__)
 
@@ -141,18 +144,26 @@ class Int4Linear(nn.Module):
         self.register_buffer("scale_zeros", sz.to(torch.bfloat16))
         self.register_buffer("bias", bias)
 
+    # set by the loader where a second core is free (split.py): batched steps' rows in two
+    two_threads = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = _bf16_input(x)  # (M, K)
         if xb.shape[0] >= DEQUANT_ROWS:  # prefill: a bf16 GEMM on the weight dequantized
-            y = F.linear(xb, self.dequantize_bf16())
+            mm = partial(F.linear, weight=self.dequantize_bf16())
         else:
             if self.bits == 8:
                 xb = torch.cat([xb, xb], dim=1)  # (M, 2K): the high and the low halves
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zeros)
-            if y.shape[1] != self.out_features:
-                y = y[:, : self.out_features]
+            mm = self._int4_mm
+        split = self.two_threads and worth_splitting(xb.shape[0], self.packed.numel() * 2)
+        y = by_rows(mm, xb) if split else mm(xb)
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _int4_mm(self, xb: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zeros)
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """Dequantized rows `ids` (T,) of the weight: (T, K), computed in float32."""

@@ -6,6 +6,7 @@
 - The int4 kernel's matmul (decode sizes and the dequantized prefill GEMM) against the
   float matmul of the same weights: within bf16 rounding of input and output, which is
   what the CPU kernels compute with (tolerance: 1 % of the largest output, |y| <= 30 here).
+  Rows split over a helper thread (split.py) give the one-thread values.
 - A tiny Llama written as a GGUF file in the test (Q8_0 and Q4_0 tensors) served from
   its blocks gives the float path's greedy tokens, also over two tensor-parallel ranks;
   int8 built at load gives transformers' first greedy tokens on the tiny checkpoints.
@@ -31,6 +32,7 @@ from minisgl.models.gguf_quant import (
     iter_gguf_weights,
     read_tensor_infos,
 )
+from minisgl.models import split
 from minisgl.models.loader import GGUF_LINK, resolve_quantization
 from minisgl.models.quant import DEQUANT_ROWS, GroupQuant, Int4Linear, Int8Linear
 
@@ -120,6 +122,40 @@ def test_rows_read_back_out_of_the_packed_weight(bits):
     assert torch.allclose(layer.rows(ids), want, rtol=0, atol=4e-3 * want.abs().max())
     whole = layer.dequantize_bf16().float()
     assert torch.allclose(whole[ids], layer.rows(ids), rtol=1e-2, atol=1e-3)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [2, 5, 16, DEQUANT_ROWS + 3])
+def test_two_threads_give_one_threads_values(bits, rows, monkeypatch):
+    """Rows split over the helper thread: the int4 kernel bit for bit (it computes each
+    row the same whatever the rows around it), the prefill GEMM up to summation order."""
+    monkeypatch.setattr(split, "SPLIT_WORK", 0)  # these small layers split too
+    layer = Int4Linear(_group_quant(200, 96, bits))
+    x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(4))
+    one = layer(x)
+    helped = []
+    real = split._in_mode
+    monkeypatch.setattr(split, "_in_mode", lambda *a: helped.append(len(a[1])) or real(*a))
+    layer.two_threads = True
+    with torch.inference_mode():
+        two = layer(x)
+    assert helped == [rows - rows // 2]  # the second half went to the helper
+    if rows < DEQUANT_ROWS:
+        assert torch.equal(one, two)
+    else:
+        torch.testing.assert_close(two, one, rtol=1e-2, atol=1e-2 * one.abs().max().item())
+
+
+def test_a_failure_on_the_helper_thread_is_raised_after_both_halves():
+    def fn(x):
+        if len(x) == 2:  # the second half of four rows
+            raise RuntimeError("helper half failed")
+        return x * 2
+
+    with pytest.raises(RuntimeError, match="helper half failed"):
+        split.by_rows(fn, torch.ones(4, 3))
+    assert torch.equal(split.by_rows(lambda x: x * 2, torch.ones(5, 3)), torch.full((5, 3), 2.0))
+    assert not split.worth_splitting(1, 1 << 30)  # a single row never splits
 
 
 def test_int8_per_channel_matches_the_float_matmul():
@@ -290,16 +326,26 @@ def test_the_embedded_model_serves_its_own_blocks_with_the_float_paths_greedy_to
     """The first 16 greedy tokens of the chapter's completion prompt: their margins are
     wide enough for the bf16 rounding inside the kernels (measured: identical)."""
     params = SamplingParams(max_tokens=16, ignore_eos=True)
+    prompts = ["The capital of France is", "Once upon a time"]
     got = {}
-    for q in (None, "none"):
-        llm = LLM(device="cpu", quantization=q, max_running_requests=2, max_seq_len=256)
-        got[llm.engine.quantization] = llm.generate(["The capital of France is"], params)[0]
+    for q, threads in ((None, 1), ("none", None)):
+        # one torch thread, as the server's scheduler on two cores: batched rows of the
+        # quantized matmuls go half to the helper thread
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads or old)
+        try:
+            llm = LLM(device="cpu", quantization=q, max_running_requests=2, max_seq_len=256)
+            pays = split.helper_thread_pays(torch.device("cpu"), 1)  # on two cores or more
+        finally:
+            torch.set_num_threads(old)
+        got[llm.engine.quantization] = [o.token_ids for o in llm.generate(prompts, params)]
         if q is None:
             weights = [m for m in llm.engine.model.modules() if isinstance(m, Int4Linear)]
             assert len(weights) == 30 * 4 + 1  # every projection and the (tied) LM head
+            assert all(w.two_threads == pays for w in weights)
+            assert "Paris" in llm.tokenizer.decode(got["gguf"][0])
         del llm
-    assert "Paris" in got["gguf"].text
-    assert got["gguf"].token_ids == got["none"].token_ids
+    assert got["gguf"] == got["none"]
 
 
 def test_a_gguf_model_path_that_does_not_exist_is_named(tmp_path):
