@@ -26,13 +26,13 @@ import torch
 from tiny import hf_references
 
 from minisgl import LLM, SamplingParams
+from minisgl.models import split
 from minisgl.models.gguf_quant import (
     UnsupportedGGUFType,
     gguf_tensor_weight,
     iter_gguf_weights,
     read_tensor_infos,
 )
-from minisgl.models import split
 from minisgl.models.loader import GGUF_LINK, resolve_quantization
 from minisgl.models.quant import DEQUANT_ROWS, GroupQuant, Int4Linear, Int8Linear
 
