@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.utils.split import by_rows, worth_splitting
+
 from .config import RopeConfig
 
 
@@ -162,5 +164,14 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(intermediate, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # quantized, with a second core free (minisgl.utils.split): a batch's rows in two
+        # halves, one hand-over for the whole block rather than one per projection
+        if getattr(self.gate_up_proj, "two_threads", False) and worth_splitting(
+            x.shape[0], 3 * self.intermediate * x.shape[-1]
+        ):
+            return by_rows(self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)

@@ -9,9 +9,10 @@ Contract:
   - "none": float weights from the checkpoint (or random, `dummy_weights`), as before;
   - "gguf": the GGUF's own blocks (gguf_quant.py) packed into `Int4Linear`s; no float
     copy of a quantized matrix is ever made (the linears are placeholders on "meta" until
-    their packed weights arrive); where a second core is free (split.py's
-    `helper_thread_pays`) they take batched steps' rows on two threads. The embedding reads its rows out of the LM head's packed weights when the two are tied,
-    else out of its own;
+    their packed weights arrive); where a second core is free
+    (minisgl.utils.split's `helper_thread_pays`) they take batched steps' rows on two threads. The embedding
+    reads its rows out of the LM head's packed weights when the two are tied, else out of
+    its own;
   - "int8": the float model loaded, then every linear rounded to `Int8Linear` (per output
     channel) and its float weight dropped; the embedding as above.
 - Tensor parallelism: each rank's slices are taken by `CausalLM._rank_slice` from float
@@ -29,12 +30,12 @@ import torch
 from torch import nn
 
 from minisgl.distributed import TPInfo
+from minisgl.utils.split import helper_thread_pays
 
 from .config import ModelConfig
 from .decoder import _FUSED, CausalLM, VocabEmbedding
 from .layers import Linear
 from .quant import GroupQuant, Int4Linear, Int8Linear, quantized_kernels_available
-from .split import helper_thread_pays
 from .weight import init_dummy_weights, iter_checkpoint
 
 QUANTIZATIONS = ("gguf", "none", "int8")
@@ -191,7 +192,7 @@ def _load_gguf(
     embedding = _pad_rows(embedding, emb.rows)
     if config.tie_word_embeddings:
         parts["lm_head"] = {0: embedding}
-    two_threads = helper_thread_pays(device, tp.size)
+    two_threads = helper_thread_pays(device)
     for name, (out_features, in_features) in shapes.items():
         model.set_submodule(name, _linear(name, parts.pop(name, {}), out_features, in_features,
                                           dtype, device, two_threads))  # fmt: skip

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .split import by_rows, worth_splitting
+from minisgl.utils.split import by_rows, worth_splitting
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +144,8 @@ class Int4Linear(nn.Module):
         self.register_buffer("scale_zeros", sz.to(torch.bfloat16))
         self.register_buffer("bias", bias)
 
-    # set by the loader where a second core is free (split.py): batched steps' rows in two
+    # set by the loader where a second core is free (minisgl.utils.split): batched steps'
+    # rows in two halves
     two_threads = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

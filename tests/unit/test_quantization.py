@@ -6,7 +6,7 @@
 - The int4 kernel's matmul (decode sizes and the dequantized prefill GEMM) against the
   float matmul of the same weights: within bf16 rounding of input and output, which is
   what the CPU kernels compute with (tolerance: 1 % of the largest output, |y| <= 30 here).
-  Rows split over a helper thread (split.py) give the one-thread values.
+  Rows split over a helper thread (minisgl.utils.split) give the one-thread values.
 - A tiny Llama written as a GGUF file in the test (Q8_0 and Q4_0 tensors) served from
   its blocks gives the float path's greedy tokens, also over two tensor-parallel ranks;
   int8 built at load gives transformers' first greedy tokens on the tiny checkpoints.
@@ -26,7 +26,6 @@ import torch
 from tiny import hf_references
 
 from minisgl import LLM, SamplingParams
-from minisgl.models import split
 from minisgl.models.gguf_quant import (
     UnsupportedGGUFType,
     gguf_tensor_weight,
@@ -35,6 +34,7 @@ from minisgl.models.gguf_quant import (
 )
 from minisgl.models.loader import GGUF_LINK, resolve_quantization
 from minisgl.models.quant import DEQUANT_ROWS, GroupQuant, Int4Linear, Int8Linear
+from minisgl.utils import split
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -134,16 +134,38 @@ def test_two_threads_give_one_threads_values(bits, rows, monkeypatch):
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(4))
     one = layer(x)
     helped = []
-    real = split._in_mode
-    monkeypatch.setattr(split, "_in_mode", lambda *a: helped.append(len(a[1])) or real(*a))
+    real = split._half
+    monkeypatch.setattr(
+        split, "_half", lambda fn, xs, *a: helped.append(len(xs[0])) or real(fn, xs, *a)
+    )
     layer.two_threads = True
     with torch.inference_mode():
         two = layer(x)
-    assert helped == [rows - rows // 2]  # the second half went to the helper
+    assert sorted(helped) == sorted([rows // 2, rows - rows // 2])  # two halves
     if rows < DEQUANT_ROWS:
         assert torch.equal(one, two)
     else:
         torch.testing.assert_close(two, one, rtol=1e-2, atol=1e-2 * one.abs().max().item())
+
+
+def test_a_gated_mlp_split_over_two_threads_gives_one_threads_values(monkeypatch):
+    from minisgl.models.layers import GatedMLP
+
+    monkeypatch.setattr(split, "SPLIT_WORK", 0)
+    mlp = GatedMLP(64, 96)
+    mlp.gate_up_proj = Int4Linear(_group_quant(192, 64, 4, seed=5))
+    mlp.down_proj = Int4Linear(_group_quant(64, 96, 4, seed=6))
+    x = torch.randn(7, 64, generator=torch.Generator().manual_seed(7))
+    one = mlp(x)
+    halves = []
+    real = split._half
+    monkeypatch.setattr(
+        split, "_half", lambda fn, xs, *a: halves.append(len(xs[0])) or real(fn, xs, *a)
+    )
+    mlp.gate_up_proj.two_threads = mlp.down_proj.two_threads = True
+    two = mlp(x)
+    assert sorted(halves) == [3, 4]  # one hand-over for the block: nothing inside splits again
+    assert torch.equal(one, two)
 
 
 def test_a_failure_on_the_helper_thread_is_raised_after_both_halves():
@@ -335,7 +357,7 @@ def test_the_embedded_model_serves_its_own_blocks_with_the_float_paths_greedy_to
         torch.set_num_threads(threads or old)
         try:
             llm = LLM(device="cpu", quantization=q, max_running_requests=2, max_seq_len=256)
-            pays = split.helper_thread_pays(torch.device("cpu"), 1)  # on two cores or more
+            pays = split.helper_thread_pays(torch.device("cpu"))  # on two cores or more
         finally:
             torch.set_num_threads(old)
         got[llm.engine.quantization] = [o.token_ids for o in llm.generate(prompts, params)]

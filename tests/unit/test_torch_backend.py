@@ -17,6 +17,7 @@ import torch
 from minisgl.attention.base import ForwardInfo
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.kvcache import KVCachePool
+from minisgl.utils import split
 
 PS = 4  # page size
 
@@ -35,7 +36,7 @@ def _reference(q, keys, values, cached: int) -> torch.Tensor:
     return torch.einsum("hns,shd->nhd", scores.softmax(-1), v).float()
 
 
-def _run(reqs, H, Hkv, D, seed):
+def _run(reqs, H, Hkv, D, seed, two_threads=False):
     """reqs: (cached, new) per request. Returns the backend's output and the reference."""
     rng = random.Random(seed)
     torch.manual_seed(seed)
@@ -76,6 +77,7 @@ def _run(reqs, H, Hkv, D, seed):
     v = torch.cat([values[c:] for (c, _), (_, values) in zip(reqs, history)])
 
     backend = TorchBackend(pool, H, D)
+    backend.two_threads = two_threads
     got = backend.attention(layer, q, k, v, backend.prepare(info))
 
     expected, start = [], 0
@@ -104,6 +106,25 @@ def test_torch_backend_matches_plain_attention(reqs, H, Hkv) -> None:
     got, expected = _run(reqs, H, Hkv, D=8, seed=H * 10 + Hkv)
     assert not got.isnan().any()
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reqs", [MIXED, DECODES], ids=["mixed", "decode-only"])
+def test_decodes_split_over_two_threads_give_one_threads_values(reqs, monkeypatch) -> None:
+    # every decode batch splits (a CPU scheduler on one torch thread splits large ones)
+    monkeypatch.setattr(split, "SPLIT_WORK", 0)
+    helped = []
+    real = split._half
+    monkeypatch.setattr(
+        split, "_half", lambda fn, xs, *a: helped.append(len(xs[0])) or real(fn, xs, *a)
+    )
+    one, expected = _run(reqs, 6, 2, D=8, seed=5)
+    assert helped == []
+    two, _ = _run(reqs, 6, 2, D=8, seed=5, two_threads=True)
+    decodes = sum(n == 1 for _, n in reqs)
+    assert sorted(helped) == [decodes // 2, decodes - decodes // 2]  # the two halves
+    # SDPA blocks a batch by its size: the halves agree with the whole up to rounding
+    torch.testing.assert_close(two, one, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(two, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_decode_sees_only_its_own_pages() -> None:

@@ -1,0 +1,95 @@
+"""A step's large operators on two threads: the input rows cut in two.
+
+Contract:
+- `by_rows(fn, *xs)` is `fn(*xs)` for a row-wise `fn` (a matmul, a block of layers, the
+  attention of a batch of requests: output row i depends on the inputs' rows i only), with
+  the second half of the rows done on a helper thread while the calling thread does the
+  first; the halves are joined in order. Inside a half nothing splits again. The values
+  are those of `fn(*xs)` when `fn` computes each row the same whatever the rows around it:
+  true of the CPU int4 kernel bit for bit (tests/unit/test_quantization.py), of a GEMM and
+  of SDPA up to float rounding (their blocking depends on the batch size).
+- `helper_thread_pays(device)`: the case it is built for, a CPU scheduler whose torch
+  computes on one thread (two cores: the API server and the tokenizer worker need the
+  other, see minisgl.scheduler.io.share_cpu_cores), in a process that is not one of several
+  tensor-parallel ranks (those share the cores among themselves already).
+- `worth_splitting(rows, work_per_row, threshold)`: work smaller than `threshold` (multiply-
+  adds of the int4 kernel, `SPLIT_WORK` by default) stays on one thread, where handing half
+  to the helper costs more than it saves; so does a single row (a batch-1 decode), and
+  anything inside a half.
+
+Why a thread and not torch's own second thread: torch's compute threads spin-wait on each
+other at each of a step's thousands of operators, and when another process takes the second
+core the whole step stalls (measured: 5.5x to 8.4x slower). Here only the big operators of a
+batched step (decoding many requests, or a prefill) are cut in two; the helper sleeps on a
+queue between them and never spins. When the other core is busy the helper's half simply
+runs later, so the worst case is about the one-thread time.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+# A hand-over costs about 100 us on a 2-core VM (the helper's wake-up: measured with a
+# no-op, 104 us), and under a busy neighbour the 3072 x 576 gate/up projection at 16 rows
+# (28M multiply-adds, 380 us) gained nothing. The LM head at 2 rows or more (113M and up:
+# 12.2 -> 6.5 ms at 16 rows) and prefill chunks pay; so from 64M on, about a millisecond.
+SPLIT_WORK = 1 << 26
+
+_helper: tuple[int, ThreadPoolExecutor] | None = None  # (pid, its one thread)
+_helper_lock = threading.Lock()
+_inside = threading.local()  # .half set while a thread computes its half
+
+
+def _helper_thread() -> ThreadPoolExecutor:
+    """This process's helper thread, made on first use (a forked child makes its own)."""
+    global _helper
+    with _helper_lock:
+        if _helper is None or _helper[0] != os.getpid():
+            _helper = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="minisgl-matmul"))
+        return _helper[1]
+
+
+def helper_thread_pays(device: torch.device) -> bool:
+    """Whether a second core is there for the taking (see the module's contract)."""
+    import torch.distributed as dist
+
+    if hasattr(os, "sched_getaffinity"):
+        cores = len(os.sched_getaffinity(0))
+    else:
+        cores = os.cpu_count() or 1
+    ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return device.type == "cpu" and ranks == 1 and torch.get_num_threads() == 1 and cores > 1
+
+
+def worth_splitting(rows: int, work_per_row: int, threshold: int | None = None) -> bool:
+    if getattr(_inside, "half", False):
+        return False
+    return rows > 1 and rows * work_per_row >= (SPLIT_WORK if threshold is None else threshold)
+
+
+def _half(fn: Callable, xs: tuple, inference: bool | None = None) -> torch.Tensor:
+    _inside.half = True
+    try:
+        if inference is None:
+            return fn(*xs)
+        with torch.inference_mode(inference):  # grad modes are per thread: the caller's
+            return fn(*xs)
+    finally:
+        _inside.half = False
+
+
+def by_rows(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+    """fn(*xs) for tensors of M rows each, rows [M // 2:] on the helper thread."""
+    h = xs[0].shape[0] // 2
+    inference = torch.is_inference_mode_enabled()
+    later = _helper_thread().submit(_half, fn, tuple(x[h:] for x in xs), inference)
+    try:
+        first = _half(fn, tuple(x[:h] for x in xs))
+    finally:
+        second = later.result()  # waited for even when this thread's half failed
+    return torch.cat([first, second])
