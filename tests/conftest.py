@@ -47,3 +47,18 @@ def _quiet_threads(request):
 
     # two cores: keep torch from oversubscribing when tests start subprocesses
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture
+def split_halves(monkeypatch) -> list[int]:
+    """Every split of minisgl.utils.split taken, however small the work (the tests' tiny
+    layers), and the row count of each half recorded in the list returned, in no set order."""
+    from minisgl.utils import split
+
+    halves: list[int] = []
+    real = split._half
+    monkeypatch.setattr(split, "SPLIT_WORK", 0)
+    monkeypatch.setattr(
+        split, "_half", lambda fn, xs, *a: halves.append(len(xs[0])) or real(fn, xs, *a)
+    )
+    return halves

@@ -9,10 +9,9 @@ Contract:
   - "none": float weights from the checkpoint (or random, `dummy_weights`), as before;
   - "gguf": the GGUF's own blocks (gguf_quant.py) packed into `Int4Linear`s; no float
     copy of a quantized matrix is ever made (the linears are placeholders on "meta" until
-    their packed weights arrive); where a second core is free
-    (minisgl.utils.split's `helper_thread_pays`) they take batched steps' rows on two threads. The embedding
-    reads its rows out of the LM head's packed weights when the two are tied, else out of
-    its own;
+    their packed weights arrive); where a second core is free (minisgl.utils.split's
+    `helper_thread_pays`) they take batched steps' rows on two threads. The embedding reads
+    its rows out of the LM head's packed weights when the two are tied, else out of its own;
   - "int8": the float model loaded, then every linear rounded to `Int8Linear` (per output
     channel) and its float weight dropped; the embedding as above.
 - Tensor parallelism: each rank's slices are taken by `CausalLM._rank_slice` from float

@@ -126,45 +126,36 @@ def test_rows_read_back_out_of_the_packed_weight(bits):
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [2, 5, 16, DEQUANT_ROWS + 3])
-def test_two_threads_give_one_threads_values(bits, rows, monkeypatch):
+def test_two_threads_give_one_threads_values(bits, rows, split_halves):
     """Rows split over the helper thread: the int4 kernel bit for bit (it computes each
     row the same whatever the rows around it), the prefill GEMM up to summation order."""
-    monkeypatch.setattr(split, "SPLIT_WORK", 0)  # these small layers split too
     layer = Int4Linear(_group_quant(200, 96, bits))
     x = torch.randn(rows, 96, generator=torch.Generator().manual_seed(4))
     one = layer(x)
-    helped = []
-    real = split._half
-    monkeypatch.setattr(
-        split, "_half", lambda fn, xs, *a: helped.append(len(xs[0])) or real(fn, xs, *a)
-    )
     layer.two_threads = True
     with torch.inference_mode():
         two = layer(x)
-    assert sorted(helped) == sorted([rows // 2, rows - rows // 2])  # two halves
+    assert sorted(split_halves) == sorted([rows // 2, rows - rows // 2])  # two halves
     if rows < DEQUANT_ROWS:
         assert torch.equal(one, two)
     else:
         torch.testing.assert_close(two, one, rtol=1e-2, atol=1e-2 * one.abs().max().item())
 
 
-def test_a_gated_mlp_split_over_two_threads_gives_one_threads_values(monkeypatch):
+def test_a_gated_mlp_split_over_two_threads_gives_one_threads_values(split_halves):
     from minisgl.models.layers import GatedMLP
 
-    monkeypatch.setattr(split, "SPLIT_WORK", 0)
     mlp = GatedMLP(64, 96)
     mlp.gate_up_proj = Int4Linear(_group_quant(192, 64, 4, seed=5))
     mlp.down_proj = Int4Linear(_group_quant(64, 96, 4, seed=6))
     x = torch.randn(7, 64, generator=torch.Generator().manual_seed(7))
     one = mlp(x)
-    halves = []
-    real = split._half
-    monkeypatch.setattr(
-        split, "_half", lambda fn, xs, *a: halves.append(len(xs[0])) or real(fn, xs, *a)
-    )
     mlp.gate_up_proj.two_threads = mlp.down_proj.two_threads = True
     two = mlp(x)
-    assert sorted(halves) == [3, 4]  # one hand-over for the block: nothing inside splits again
+    assert sorted(split_halves) == [
+        3,
+        4,
+    ]  # one hand-over for the block: nothing inside splits again
     assert torch.equal(one, two)
 
 

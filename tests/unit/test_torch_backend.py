@@ -17,7 +17,6 @@ import torch
 from minisgl.attention.base import ForwardInfo
 from minisgl.attention.torch_backend import TorchBackend
 from minisgl.kvcache import KVCachePool
-from minisgl.utils import split
 
 PS = 4  # page size
 
@@ -109,14 +108,9 @@ def test_torch_backend_matches_plain_attention(reqs, H, Hkv) -> None:
 
 
 @pytest.mark.parametrize("reqs", [MIXED, DECODES], ids=["mixed", "decode-only"])
-def test_decodes_split_over_two_threads_give_one_threads_values(reqs, monkeypatch) -> None:
+def test_decodes_split_over_two_threads_give_one_threads_values(reqs, split_halves) -> None:
     # every decode batch splits (a CPU scheduler on one torch thread splits large ones)
-    monkeypatch.setattr(split, "SPLIT_WORK", 0)
-    helped = []
-    real = split._half
-    monkeypatch.setattr(
-        split, "_half", lambda fn, xs, *a: helped.append(len(xs[0])) or real(fn, xs, *a)
-    )
+    helped = split_halves
     one, expected = _run(reqs, 6, 2, D=8, seed=5)
     assert helped == []
     two, _ = _run(reqs, 6, 2, D=8, seed=5, two_threads=True)
