@@ -48,6 +48,7 @@ from .inputs import StepInputBuilder, StepInputs
 from .sample import Sampler
 from .scoring import DevicePromptScores, score_prompts
 from .selfcheck import SelfCheck
+from .threads import ThreadChoice
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,9 @@ class Engine:
         self.model_dir: Path = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self._check_tp()
+        # on a CPU: torch's thread count per step, chosen by measuring (threads.py); set
+        # before the load, which decides where a helper thread may take half a matmul
+        self.threads = ThreadChoice.for_cpu(self.device, self.tp.size)
         self.model = self._load_model()
         self.page_size = config.page_size
         barrier("loaded", STARTUP_TIMEOUT_S)  # ranks load at their own pace; then in step
@@ -218,6 +222,12 @@ class Engine:
     ) -> tuple[StepInputs, torch.Tensor, DevicePromptScores | None]:
         """Build the step's inputs and run the model: (inputs, (S, vocab) float32 logits of
         the requests that sample, the prompt logprobs the batch asks for (scoring.py))."""
+        if self.threads is None:
+            return self._forward(batch)
+        with self.threads.step(sum(r.extend_len for r in batch.reqs)):
+            return self._forward(batch)
+
+    def _forward(self, batch: Batch) -> tuple[StepInputs, torch.Tensor, DevicePromptScores | None]:
         runner = self.graph_runner
         self.recorder.phase("prepare")
         if runner is not None and not batch.scoring and runner.can_run(batch):

@@ -36,13 +36,17 @@ class ParentGone(Exception):
 def share_cpu_cores(device: str) -> None:
     """On a CPU the API server and the tokenizer worker need cores too: torch's compute
     threads spin-wait on each other, and one descheduled thread stalls them all (a 1500-token
-    stream took 57 s instead of 1.3 s on two cores). Leave two cores to the other processes."""
+    stream took 57 s instead of 1.3 s on two cores). Leave two cores to the other processes.
+    This is where a process starts; a single-rank engine then widens a step to every core
+    where that measures faster (minisgl.engine.threads)."""
     import torch
+
+    from minisgl.engine.threads import narrow_threads, usable_cores
 
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         return
     if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) - 2))
+        torch.set_num_threads(narrow_threads(usable_cores()))
 
 
 class ZmqSchedulerIO:

@@ -14,8 +14,9 @@ Contract:
   tensor-parallel ranks (those share the cores among themselves already).
 - `worth_splitting(rows, work_per_row, threshold)`: work smaller than `threshold` (multiply-
   adds of the int4 kernel, `SPLIT_WORK` by default) stays on one thread, where handing half
-  to the helper costs more than it saves; so does a single row (a batch-1 decode), and
-  anything inside a half.
+  to the helper costs more than it saves; so does a single row (a batch-1 decode), anything
+  inside a half, and any step while torch itself computes on more than one thread (the
+  engine widens it where that measures faster: minisgl.engine.threads).
 
 Why a thread and not torch's own second thread: torch's compute threads spin-wait on each
 other at each of a step's thousands of operators, and when another process takes the second
@@ -67,8 +68,8 @@ def helper_thread_pays(device: torch.device) -> bool:
 
 
 def worth_splitting(rows: int, work_per_row: int, threshold: int | None = None) -> bool:
-    if getattr(_inside, "half", False):
-        return False
+    if getattr(_inside, "half", False) or torch.get_num_threads() > 1:
+        return False  # inside a half, or torch computes on several threads this step
     return rows > 1 and rows * work_per_row >= (SPLIT_WORK if threshold is None else threshold)
 
 
