@@ -38,9 +38,10 @@ logger = logging.getLogger(__name__)
 GROUP = 32  # inputs per scale: GGUF's block size, the kernel's smallest group
 # From this many input rows on (prefill), dequantizing the weight to bf16 for one GEMM
 # beats the int4 kernel, which re-unpacks the codes for every 4 rows: measured on a 2-core
-# AMD EPYC, one thread: 512 rows 19 ms against 46 (3072 x 576), 12 against 24 (576 x 1536);
-# at 128 rows the two are even.
-DEQUANT_ROWS = 256
+# AMD EPYC, one thread: 512 rows 19 ms against 46 (3072 x 576), 12 against 24 (576 x 1536),
+# at 128 rows the two even; on a 2-core Xeon (AVX-512 BF16), one thread or two alike: even
+# near 100 rows, at 128 rows 4.3 ms against 5.2 (3072 x 576), 1.9 against 2.5 (576 x 1536).
+DEQUANT_ROWS = 128
 BLOCK_N = 64  # output rows are padded to a multiple of the CPU kernel's widest block
 _PACK_ROWS = 4096  # rows packed per call: bounds the int32 temporary the packer needs
 
