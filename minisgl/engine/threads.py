@@ -17,7 +17,8 @@ but torch's threads spin-wait on each other at every parallel operator, and whil
 process holds one of the cores the wide count is many times slower (the same step 172 ms
 beside one busy process, the narrow count unchanged at 24.4). Which one wins depends on
 what else runs, which only the step's own time shows. So each group of steps first runs
-a couple of steps with each count, keeps the faster, and retries the other now and then:
+a couple of steps with each count, keeps the faster (each count judged by its fastest step:
+the first after a pause may wake sleeping threads), and retries the other now and then:
 every PROBE_EVERY steps while the wide count leads (its failure is the costly one), and
 at doubling intervals up to MAX_EVERY while the narrow count leads (its worst case is the
 narrow time itself). A leading count's step that takes SLOWDOWN times its recent median
@@ -71,6 +72,7 @@ class _Group:
         self.retry: int | None = None  # the count being retried
         self.retry_left = 0
         self.measured = False  # both counts' first PROBE_STEPS steps run
+        self.slow: float | None = None  # the leader's step that set off this retry
 
     def _other(self) -> int:
         return self.counts[1] if self.leader == self.counts[0] else self.counts[0]
@@ -92,33 +94,34 @@ class _Group:
         if self.retry is None and n == self.leader and len(times) == WINDOW:
             if seconds > SLOWDOWN * statistics.median(times):
                 self.countdown = 0  # the leader slowed down: retry the other next step
+                self.slow = seconds  # and judge the leader by this step
         times.append(seconds)
         if not self.measured:
             if all(len(self.times[c]) >= PROBE_STEPS for c in self.counts):
                 self.measured = True  # the first measurements of both are in
-                self._decide(self.counts[1])
+                self._decide(self.counts[1], min(self.times[self.leader]))
             return
-        if self.retry is None:
+        if self.retry is None or n != self.retry:
             return
-        if n == self.retry:
-            self.retry_left -= 1
-            lost = seconds > SLOWDOWN * self._recent(self.leader)
-            if self.retry_left == 0 or lost:  # a retry far slower than the leader ends early
-                self._decide(self.retry)
+        self.retry_left -= 1
+        leader = self.slow if self.slow is not None else self._recent(self.leader)
+        if self.retry_left == 0 or seconds > SLOWDOWN * leader:  # far slower: ends early
+            self._decide(self.retry, leader)
 
     def _recent(self, n: int) -> float:
-        """The median of count n's last PROBE_STEPS steps (a leader that just slowed down
-        is judged by its slow steps, not by its window)."""
-        return statistics.median(list(self.times[n])[-PROBE_STEPS:])
+        """The median of count n's last three steps."""
+        return statistics.median(list(self.times[n])[-3:])
 
-    def _decide(self, challenger: int) -> None:
-        if self._recent(challenger) < self._recent(self.leader):
+    def _decide(self, challenger: int, leader_s: float) -> None:
+        """The challenger is judged by its fastest step (the first of a retry may wake
+        sleeping threads), the leader by `leader_s`."""
+        if min(self.times[challenger]) < leader_s:
             self.leader, self.every = challenger, PROBE_EVERY
         elif self.leader == self.counts[0]:  # narrow leads again: back off
             self.every = min(2 * self.every, MAX_EVERY)
         else:
             self.every = PROBE_EVERY
-        self.retry, self.countdown = None, self.every
+        self.retry, self.countdown, self.slow = None, self.every, None
 
 
 class ThreadChoice:
@@ -144,6 +147,8 @@ class ThreadChoice:
             return None
         if narrow_threads(cores) == cores:
             return None
+        torch.set_num_threads(cores)  # start the wide count's threads now, not in a step
+        torch.ones(1 << 20).sum()
         return cls(narrow_threads(cores), cores)
 
     def leader(self, tokens: int) -> int | None:

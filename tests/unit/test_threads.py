@@ -116,3 +116,13 @@ def test_the_embedded_models_tokens_and_logprobs_are_the_same_on_either_count(re
             for o in outs
         ]
     assert got[1] == got[2]
+
+
+def test_the_helper_thread_computes_on_one_torch_thread(restore_threads):
+    """A thread's OpenMP count is its own; the helper's must not start at every core (its
+    team would spin beside the caller's two-thread steps)."""
+    from minisgl.utils import split
+
+    torch.set_num_threads(2)
+    assert split._helper_thread().submit(torch.get_num_threads).result() == 1
+    assert torch.get_num_threads() == 2  # the caller's count is left alone
