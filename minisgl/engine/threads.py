@@ -21,8 +21,9 @@ a couple of steps with each count, keeps the faster (each count judged by its fa
 the first after a pause may wake sleeping threads), and retries the other now and then:
 every PROBE_EVERY steps while the wide count leads (its failure is the costly one), and
 at doubling intervals up to MAX_EVERY while the narrow count leads (its worst case is the
-narrow time itself). A leading count's step that takes SLOWDOWN times its recent median
-(a neighbour just started) retries the other at once, and a retried count's step that
+narrow time itself). PROBE_STEPS leading steps in a row that take SLOWDOWN times the
+leader's recent median (a neighbour just started; one slow step alone is noise) retry the
+other at once, the leader judged by those steps, and a retried count's step that
 takes SLOWDOWN times the leader's ends the retry there.
 
 The results are the same whichever count runs: torch's CPU kernels divide the work by
@@ -72,7 +73,8 @@ class _Group:
         self.retry: int | None = None  # the count being retried
         self.retry_left = 0
         self.measured = False  # both counts' first PROBE_STEPS steps run
-        self.slow: float | None = None  # the leader's step that set off this retry
+        self.slow: list[float] | None = None  # the leader's steps that set off this retry
+        self.slow_steps: list[float] = []  # the leader's slow steps in a row
 
     def _other(self) -> int:
         return self.counts[1] if self.leader == self.counts[0] else self.counts[0]
@@ -92,9 +94,14 @@ class _Group:
     def record(self, n: int, seconds: float) -> None:
         times = self.times[n]
         if self.retry is None and n == self.leader and len(times) == WINDOW:
-            if seconds > SLOWDOWN * statistics.median(times):
-                self.countdown = 0  # the leader slowed down: retry the other next step
-                self.slow = seconds  # and judge the leader by this step
+            if seconds <= SLOWDOWN * statistics.median(times):
+                self.slow_steps.clear()
+            else:  # not counted in the window: a slow step is judged apart
+                self.slow_steps.append(seconds)
+                if len(self.slow_steps) == PROBE_STEPS:  # the leader slowed down: retry
+                    self.countdown, self.slow = 0, list(self.slow_steps)  # the other now
+                    self.slow_steps.clear()
+                return
         times.append(seconds)
         if not self.measured:
             if all(len(self.times[c]) >= PROBE_STEPS for c in self.counts):
@@ -104,7 +111,7 @@ class _Group:
         if self.retry is None or n != self.retry:
             return
         self.retry_left -= 1
-        leader = self.slow if self.slow is not None else self._recent(self.leader)
+        leader = min(self.slow) if self.slow is not None else self._recent(self.leader)
         if self.retry_left == 0 or seconds > SLOWDOWN * leader:  # far slower: ends early
             self._decide(self.retry, leader)
 
@@ -121,6 +128,9 @@ class _Group:
             self.every = min(2 * self.every, MAX_EVERY)
         else:
             self.every = PROBE_EVERY
+        if self.slow is not None and self.leader != challenger:  # slower, still the faster:
+            self.times[self.leader].clear()  # its slow steps are its times from now on
+            self.times[self.leader].extend(self.slow)
         self.retry, self.countdown, self.slow = None, self.every, None
 
 

@@ -47,8 +47,8 @@ def test_a_neighbour_sends_it_back_to_the_narrow_count_at_once_and_back_when_it_
     s = Scenario(narrow_s=0.024, wide_s=0.017)
     s.run(4 + 10)
     s.cost[2] = 0.172  # another process takes a core: the wide count stalls
-    ran = s.run(3)
-    assert ran == [2, 1, 1]  # one slow step, then the narrow count is retried and wins
+    ran = s.run(4)
+    assert ran == [2, 2, 1, 1]  # two slow steps, then the narrow count is retried and wins
     assert s.choice.leader(1) == 1
     s.cost[2] = 0.017  # it leaves again: the next retry finds the wide count faster
     ran = s.run(4 * PROBE_EVERY)
@@ -64,6 +64,19 @@ def test_retries_of_a_slower_wide_count_back_off_and_end_after_one_slow_step():
     assert gaps[0] >= PROBE_EVERY and gaps == sorted(gaps)  # intervals grow...
     assert max(gaps) <= MAX_EVERY + 1  # ...up to MAX_EVERY
     assert all(b - a > 1 for a, b in zip(retries, retries[1:]))  # one step per retry
+
+
+def test_one_slow_step_is_noise_and_a_slower_machine_for_both_settles():
+    s = Scenario(narrow_s=0.024, wide_s=0.017)
+    s.run(4 + 10)
+    s.cost[2] = 0.172
+    assert s.run(1) == [2]
+    s.cost[2] = 0.017  # a single spike: no retry
+    assert s.run(5) == [2] * 5
+    s.cost = {1: 0.060, 2: 0.040}  # everything slower, wide still the faster
+    ran = s.run(4 + PROBE_EVERY)
+    assert ran[:4] == [2, 2, 1, 1] and set(ran[4:]) == {2}  # one retry, then it settles
+    assert s.choice.leader(1) == 2
 
 
 def test_each_size_of_step_chooses_alone():
