@@ -26,9 +26,11 @@ leader's recent median (a neighbour just started; one slow step alone is noise) 
 other at once, the leader judged by those steps, and a retried count's step that
 takes SLOWDOWN times the leader's ends the retry there.
 
-The results are the same whichever count runs: torch's CPU kernels divide the work by
-output rows and columns, not along a sum (checked for the decode steps of the embedded
-model in tests/unit/test_threads.py).
+The count is torch's own (`torch.set_num_threads`, the calling thread's OpenMP count),
+so an offline `LLM` changes it in its caller's process; OMP_NUM_THREADS keeps a count of
+one's own. The embedded model's greedy tokens and logprobs are bit for bit the same on
+either count, a batch of three and a single request (tests/unit/test_threads.py): the
+kernels those steps run divide their work by output rows and columns, not along a sum.
 """
 
 from __future__ import annotations
