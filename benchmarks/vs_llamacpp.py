@@ -24,6 +24,11 @@ on PyPI (its vendored llama.cpp), outside this repository:
     cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF
     cmake --build build --target llama-server -j2     # build/bin/llama-server
 
+If the binary then dies with "Illegal instruction" (a VM whose CPU flags promise more than
+it runs, e.g. AVX-512 FP16), configure it for named instruction sets instead of the host's:
+add -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+-DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON (the AVX-512 ones only where the CPU has them).
+
     python benchmarks/vs_llamacpp.py --llama-server /tmp/llama/.../build/bin/llama-server
 """
 
