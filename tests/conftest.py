@@ -50,14 +50,21 @@ def _quiet_threads(request):
 
 
 @pytest.fixture
-def split_halves(monkeypatch) -> list[int]:
+def split_halves(monkeypatch, request) -> list[int]:
     """Every split of minisgl.utils.split taken, however small the work (the tests' tiny
-    layers), and the row count of each half recorded in the list returned, in no set order."""
+    layers), and the row count of each half recorded in the list returned, in no set order.
+    Torch computes on one thread meanwhile, as where the split runs (an engine made earlier
+    in this process may have left it on more: minisgl.engine.threads)."""
+    import torch
+
     from minisgl.utils import split
 
     halves: list[int] = []
     real = split._half
     monkeypatch.setattr(split, "SPLIT_WORK", 0)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    request.addfinalizer(lambda: torch.set_num_threads(old_threads))
     monkeypatch.setattr(
         split, "_half", lambda fn, xs, *a: halves.append(len(xs[0])) or real(fn, xs, *a)
     )
