@@ -44,17 +44,13 @@ from contextlib import contextmanager
 
 import torch
 
+from minisgl.utils.process import usable_cores
+
 PROBE_EVERY = 32  # steps between retries of the other count while the wide one leads
 MAX_EVERY = 1024  # the longest interval while the narrow one leads
 PROBE_STEPS = 2  # steps a retry runs (the first may wake sleeping threads)
 SLOWDOWN = 2.0  # a leader's step this many times its recent median: retry now
 WINDOW = 5  # recent step times kept per count
-
-
-def usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def narrow_threads(cores: int) -> int:

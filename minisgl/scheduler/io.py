@@ -41,7 +41,8 @@ def share_cpu_cores(device: str) -> None:
     where that measures faster (minisgl.engine.threads)."""
     import torch
 
-    from minisgl.engine.threads import narrow_threads, usable_cores
+    from minisgl.engine.threads import narrow_threads
+    from minisgl.utils.process import usable_cores
 
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         return

@@ -1,5 +1,5 @@
 """Process and machine helpers: worker logging set-up, how much memory the machine has
-available, and a free local port."""
+available, how many cores this process may run on, and a free local port."""
 
 from __future__ import annotations
 
@@ -16,6 +16,13 @@ def configure_worker_logging(name: str, level: str) -> None:
     )
     # Ctrl-C goes to the whole process group: the launcher decides how workers stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def free_port() -> int:

@@ -35,6 +35,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from minisgl.utils.process import usable_cores
+
 # A hand-over costs about 100 us on a 2-core VM (the helper's wake-up: measured with a
 # no-op, 104 us), and under a busy neighbour the 3072 x 576 gate/up projection at 16 rows
 # (28M multiply-adds, 380 us) gained nothing. The LM head at 2 rows or more (113M and up:
@@ -67,12 +69,9 @@ def helper_thread_pays(device: torch.device) -> bool:
     """Whether a second core is there for the taking (see the module's contract)."""
     import torch.distributed as dist
 
-    if hasattr(os, "sched_getaffinity"):
-        cores = len(os.sched_getaffinity(0))
-    else:
-        cores = os.cpu_count() or 1
     ranks = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return device.type == "cpu" and ranks == 1 and torch.get_num_threads() == 1 and cores > 1
+    one_thread = torch.get_num_threads() == 1
+    return device.type == "cpu" and ranks == 1 and one_thread and usable_cores() > 1
 
 
 def worth_splitting(rows: int, work_per_row: int, threshold: int | None = None) -> bool:

@@ -152,10 +152,8 @@ def test_a_gated_mlp_split_over_two_threads_gives_one_threads_values(split_halve
     one = mlp(x)
     mlp.gate_up_proj.two_threads = mlp.down_proj.two_threads = True
     two = mlp(x)
-    assert sorted(split_halves) == [
-        3,
-        4,
-    ]  # one hand-over for the block: nothing inside splits again
+    # one hand-over for the block: nothing inside splits again
+    assert sorted(split_halves) == [3, 4]
     assert torch.equal(one, two)
 
 
