@@ -52,7 +52,8 @@ def _quiet_threads(request):
 @pytest.fixture
 def split_halves(monkeypatch, request) -> list[int]:
     """Every split of minisgl.utils.split taken, however small the work (the tests' tiny
-    layers), and the row count of each half recorded in the list returned, in no set order.
+    layers), and the shape of each half's result recorded in the list returned, in no set
+    order.
     Torch computes on one thread meanwhile, as where the split runs (an engine made earlier
     in this process may have left it on more: minisgl.engine.threads)."""
     import torch
@@ -65,7 +66,11 @@ def split_halves(monkeypatch, request) -> list[int]:
     old_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     request.addfinalizer(lambda: torch.set_num_threads(old_threads))
-    monkeypatch.setattr(
-        split, "_half", lambda fn, xs, *a: halves.append(len(xs[0])) or real(fn, xs, *a)
-    )
+
+    def recorded(fn, xs, *a):
+        out = real(fn, xs, *a)
+        halves.append(tuple(out.shape))
+        return out
+
+    monkeypatch.setattr(split, "_half", recorded)
     return halves

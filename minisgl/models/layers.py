@@ -17,6 +17,7 @@ from torch import nn
 from minisgl.utils.split import by_rows, worth_splitting
 
 from .config import RopeConfig
+from .quant import DEQUANT_ROWS
 
 
 class RMSNorm(nn.Module):
@@ -165,9 +166,14 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # quantized, with a second core free (minisgl.utils.split): a batch's rows in two
-        # halves, one hand-over for the whole block rather than one per projection
-        if getattr(self.gate_up_proj, "two_threads", False) and worth_splitting(
-            x.shape[0], 3 * self.intermediate * x.shape[-1]
+        # halves, one hand-over for the whole block rather than one per projection. Unless
+        # the halves would fall under DEQUANT_ROWS while the whole is not (the int4 kernel
+        # twice where one dequantized GEMM does): each projection then splits its own work
+        rows = x.shape[0]
+        if (
+            getattr(self.gate_up_proj, "two_threads", False)
+            and (rows < DEQUANT_ROWS or rows // 2 >= DEQUANT_ROWS)
+            and worth_splitting(rows, 3 * self.intermediate * x.shape[-1])
         ):
             return by_rows(self._forward, x)
         return self._forward(x)

@@ -31,17 +31,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minisgl.utils.split import by_rows, worth_splitting
+from minisgl.utils.split import both, by_rows, worth_splitting
 
 logger = logging.getLogger(__name__)
 
 GROUP = 32  # inputs per scale: GGUF's block size, the kernel's smallest group
 # From this many input rows on (prefill), dequantizing the weight to bf16 for one GEMM
-# beats the int4 kernel, which re-unpacks the codes for every 4 rows: measured on a 2-core
-# AMD EPYC, one thread: 512 rows 19 ms against 46 (3072 x 576), 12 against 24 (576 x 1536),
-# at 128 rows the two even; on a 2-core Xeon (AVX-512 BF16), one thread or two alike: even
-# near 100 rows, at 128 rows 4.3 ms against 5.2 (3072 x 576), 1.9 against 2.5 (576 x 1536).
-DEQUANT_ROWS = 128
+# beats the int4 kernel, which re-unpacks the codes for every 4 rows. Measured on a 2-core
+# Xeon (AVX-512 BF16, AMX), one thread: at 96 rows 5.4 ms against 7.7 (3072 x 576), 2.9
+# against 3.8 (576 x 1536), 1.9 against 2.4 (960 x 576); at 80 rows about even (two
+# threads alike). The dequantization itself: 3.1 ms for 3072 x 576 on one thread.
+DEQUANT_ROWS = 96
 BLOCK_N = 64  # output rows are padded to a multiple of the CPU kernel's widest block
 _PACK_ROWS = 4096  # rows packed per call: bounds the int32 temporary the packer needs
 
@@ -151,18 +151,30 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = _bf16_input(x)  # (M, K)
+        split = self.two_threads and worth_splitting(xb.shape[0], self.packed.numel() * 2)
         if xb.shape[0] >= DEQUANT_ROWS:  # prefill: a bf16 GEMM on the weight dequantized
-            mm = partial(F.linear, weight=self.dequantize_bf16())
+            n = self.packed.shape[0] // 2 // BLOCK_N * BLOCK_N  # whole blocks of rows
+            if split and n:  # each thread dequantizes and multiplies by half the output rows
+                y = torch.cat(
+                    both(
+                        partial(self._dequant_mm, xb, 0, n),
+                        partial(self._dequant_mm, xb, n, self.out_features),
+                    ),
+                    1,
+                )
+            else:
+                y = self._dequant_mm(xb, 0, self.out_features)
         else:
             if self.bits == 8:
                 xb = torch.cat([xb, xb], dim=1)  # (M, 2K): the high and the low halves
-            mm = self._int4_mm
-        split = self.two_threads and worth_splitting(xb.shape[0], self.packed.numel() * 2)
-        y = by_rows(mm, xb) if split else mm(xb)
-        if y.shape[1] != self.out_features:
-            y = y[:, : self.out_features]
+            y = by_rows(self._int4_mm, xb) if split else self._int4_mm(xb)
+            if y.shape[1] != self.out_features:
+                y = y[:, : self.out_features]
         y = y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
+
+    def _dequant_mm(self, xb: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return F.linear(xb, self.dequantize_bf16(start, stop))
 
     def _int4_mm(self, xb: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zeros)
@@ -177,17 +189,27 @@ class Int4Linear(nn.Module):
             w = w[:, : self.in_features] + w[:, self.in_features :]
         return w.to(dtype)
 
-    def dequantize_bf16(self) -> torch.Tensor:
-        """The whole weight (N, K) in bf16, a temporary for one GEMM."""
-        codes = _LAYOUT.unpack_all(self.packed)  # (N_pad, K') 0..15
-        N, Kp = codes.shape
-        sz = self.scale_zeros.transpose(0, 1).unsqueeze(2)  # (N_pad, G', 1, 2)
-        if self.bits == 4:  # two bf16 roundings, as cheap as it gets
-            w = (codes.view(N, -1, GROUP).to(torch.bfloat16) - 8).mul_(sz[..., 0]).add_(sz[..., 1])
-            return w.view(N, Kp)[: self.out_features]
-        w = (codes.view(N, -1, GROUP).float() - 8).mul_(sz[..., 0]).add_(sz[..., 1]).view(N, Kp)
-        K = self.in_features
-        return (w[: self.out_features, :K] + w[: self.out_features, K:]).to(torch.bfloat16)
+    def dequantize_bf16(self, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows start:stop (start a multiple of BLOCK_N) of the weight (N, K) in bf16, a
+        temporary for one GEMM: the transposed view of a (K, rows) tensor, the layout the
+        packed codes unpack into fastest (output rows side by side, so one scale and zero
+        per group broadcast along contiguous rows)."""
+        stop = self.out_features if stop is None else stop
+        end = min(-(-stop // BLOCK_N) * BLOCK_N, self.packed.shape[0])  # whole blocks
+        codes = _LAYOUT.unpack_all_t(self.packed[start:end])  # (K', rows) 0..15
+        N = codes.shape[1]
+        s, z = self.scale_zeros[:, start:end].float().unbind(-1)  # (G', rows) each
+        if self.bits == 4:  # (code - 8) * s + z = code * s + (z - 8 s)
+            offset = z - 8 * s
+        else:  # the halves' sum: (16 high + low) * s_low + both offsets, as s_high = 16 s_low
+            K, G = self.in_features, self.in_features // GROUP
+            codes = (codes[:K] << 4).bitwise_or_(codes[K:])  # (K, rows) 0..255
+            offset = z[:G] + z[G:] - 8 * (s[:G] + s[G:])
+            s = s[G:]
+        # one multiply-add per weight, rounded once to bf16 (the offset rounded before)
+        s, offset = s.to(torch.bfloat16), offset.to(torch.bfloat16)
+        w = torch.addcmul(offset[:, None], codes.view(-1, GROUP, N), s[:, None])  # (G, 32, N)
+        return w.view(-1, N)[:, : stop - start].t()
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, codes={self.bits}-bit"
@@ -273,7 +295,7 @@ class _PackedLayout:
             want = probe.to(torch.uint8)
             for candidate in self.CANDIDATES:
                 if torch.equal(self._unpack(candidate, packed, ids), want) and torch.equal(
-                    self._unpack_all(candidate, packed), want
+                    self._unpack_all_t(candidate, packed).t(), want
                 ):
                     self._found = candidate
                     break
@@ -293,20 +315,29 @@ class _PackedLayout:
         return (b >> shift[:, None].to(torch.uint8)) & 15
 
     @staticmethod
-    def _unpack_all(candidate: tuple[int, bool], packed: torch.Tensor) -> torch.Tensor:
+    def _unpack_all_t(candidate: tuple[int, bool], packed: torch.Tensor) -> torch.Tensor:
         block, paired = candidate
-        blocks = packed.view(packed.shape[0] // block, -1, block // 2)  # (NB, K, block / 2)
-        lo, hi = blocks & 15, blocks >> 4
-        rows = torch.stack([lo, hi], -1).flatten(-2) if paired else torch.cat([lo, hi], -1)
-        return rows.transpose(1, 2).reshape(packed.shape[0], -1)  # (N, K)
+        N, half = packed.shape[0], block // 2
+        if paired:  # byte j of a block row: rows 2j (low nibble) and 2j + 1 (high)
+            src = packed.view(N // block, -1, half).transpose(0, 1)  # (K, NB, block / 2)
+            out = torch.empty(*src.shape, 2, dtype=torch.uint8)  # (K, NB, block / 2, 2)
+            lo, hi, mask = out[..., 0], out[..., 1], 15
+        else:  # byte j: rows j (low) and j + block / 2 (high), so 8 bytes at a time
+            words = packed.reshape(-1).view(torch.int64)
+            src = words.view(N // block, -1, half // 8).transpose(0, 1)  # (K, NB, block / 16)
+            out = torch.empty(src.shape[0], src.shape[1], 2, src.shape[2], dtype=torch.int64)
+            lo, hi, mask = out[:, :, 0], out[:, :, 1], 0x0F0F0F0F0F0F0F0F
+        torch.bitwise_and(src, mask, out=lo)
+        torch.bitwise_and(src >> 4, mask, out=hi)
+        return out.view(torch.uint8).view(src.shape[0], N)  # (K, N)
 
     def unpack(self, packed: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """Codes of rows `ids`: (T, K) uint8."""
         return self._unpack(self._find(), packed, ids)
 
-    def unpack_all(self, packed: torch.Tensor) -> torch.Tensor:
-        """Codes of every row: (N, K) uint8."""
-        return self._unpack_all(self._find(), packed)
+    def unpack_all_t(self, packed: torch.Tensor) -> torch.Tensor:
+        """Codes of every row, transposed: (K, N) uint8, row k the k-th code of each row."""
+        return self._unpack_all_t(self._find(), packed)
 
 
 _LAYOUT = _PackedLayout()

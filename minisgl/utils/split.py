@@ -8,6 +8,8 @@ Contract:
   are those of `fn(*xs)` when `fn` computes each row the same whatever the rows around it:
   true of the CPU int4 kernel bit for bit (tests/unit/test_quantization.py), of a GEMM and
   of SDPA up to float rounding (their blocking depends on the batch size).
+- `both(first, second)` is `(first(), second())`, the second on the helper thread: two
+  halves of one operator cut some other way (a weight's output columns).
 - `helper_thread_pays(device)`: the case it is built for, a CPU scheduler whose torch
   computes on one thread (two cores: the API server and the tokenizer worker need the
   other, see minisgl.scheduler.io.share_cpu_cores), in a process that is not one of several
@@ -32,6 +34,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import torch
 
@@ -94,10 +97,16 @@ def _half(fn: Callable, xs: tuple, inference: bool | None = None) -> torch.Tenso
 def by_rows(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
     """fn(*xs) for tensors of M rows each, rows [M // 2:] on the helper thread."""
     h = xs[0].shape[0] // 2
-    inference = torch.is_inference_mode_enabled()
-    later = _helper_thread().submit(_half, fn, tuple(x[h:] for x in xs), inference)
-    try:
-        first = _half(fn, tuple(x[:h] for x in xs))
-    finally:
-        second = later.result()  # waited for even when this thread's half failed
+    first, second = both(partial(fn, *(x[:h] for x in xs)), partial(fn, *(x[h:] for x in xs)))
     return torch.cat([first, second])
+
+
+def both(first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor]):
+    """(first(), second()), second() computed on the helper thread meanwhile."""
+    inference = torch.is_inference_mode_enabled()
+    later = _helper_thread().submit(_half, second, (), inference)
+    try:
+        mine = _half(first, ())
+    finally:
+        theirs = later.result()  # waited for even when this thread's half failed
+    return mine, theirs

@@ -135,10 +135,11 @@ def test_two_threads_give_one_threads_values(bits, rows, split_halves):
     layer.two_threads = True
     with torch.inference_mode():
         two = layer(x)
-    assert sorted(split_halves) == sorted([rows // 2, rows - rows // 2])  # two halves
-    if rows < DEQUANT_ROWS:
+    if rows < DEQUANT_ROWS:  # two halves of the rows
+        assert sorted(split_halves) == sorted([(rows // 2, 256), (rows - rows // 2, 256)])
         assert torch.equal(one, two)
-    else:
+    else:  # two halves of the output rows, each dequantized by its own thread
+        assert sorted(split_halves) == [(rows, 72), (rows, 128)]
         torch.testing.assert_close(two, one, rtol=1e-2, atol=1e-2 * one.abs().max().item())
 
 
@@ -153,7 +154,7 @@ def test_a_gated_mlp_split_over_two_threads_gives_one_threads_values(split_halve
     mlp.gate_up_proj.two_threads = mlp.down_proj.two_threads = True
     two = mlp(x)
     # one hand-over for the block: nothing inside splits again
-    assert sorted(split_halves) == [3, 4]
+    assert sorted(split_halves) == [(3, 64), (4, 64)]
     assert torch.equal(one, two)
 
 
