@@ -343,6 +343,15 @@ class _PackedLayout:
 _LAYOUT = _PackedLayout()
 
 
+def gemm_rows(model: nn.Module) -> int:
+    """The fewest rows from which a step of `model` runs its projections as bf16 GEMMs on
+    dequantized weights: DEQUANT_ROWS where any projection is `Int4Linear`, 1 where none
+    is (float and int8 weights cost about the same per row at any size). Below it every
+    row of an int4 step rides a kernel that unpacks the codes again for every 4 rows, so a
+    prompt token there costs about what a decode token does."""
+    return DEQUANT_ROWS if any(isinstance(m, Int4Linear) for m in model.modules()) else 1
+
+
 def quantized_kernels_available() -> bool:
     """Whether this torch has the CPU int4/int8 weight-only kernels."""
     aten = torch.ops.aten

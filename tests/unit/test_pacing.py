@@ -1,7 +1,9 @@
 """Prefill pacing: alone, a prompt prefills in chunks of max_prefill_tokens; beside decoding
 sequences, its chunks are sized from the measured speed so a step takes about the target
 time (never below a floor, never above the cap); before any measurement the first chunk is
-small; off, the cap always. Over a real scheduler on the CPU, a long prompt that arrives
+small; off, the cap always. Where the engine's projections only run as GEMMs from some
+number of rows on (int4 weights), a chunk beside decodes is never smaller than what takes
+the step there. Over a real scheduler on the CPU, a long prompt that arrives
 while another request decodes is prefilled in small chunks, and the decoding request gets a
 token in every step."""
 
@@ -32,6 +34,22 @@ def test_beside_decodes_the_chunk_fits_the_step_time():
     pacer.observe(100, 0, 100.0)  # a very slow step: the floor holds
     assert pacer.budget(2) == MIN_TOKENS
     assert PrefillPacer(64, 0.3).budget(1) == 64  # never past the cap
+
+
+def test_beside_decodes_a_chunk_takes_the_step_to_the_engines_gemm_rows():
+    pacer = PrefillPacer(8192, 0.3, min_rows=96)
+    assert pacer.budget(16) == 8 * MIN_TOKENS  # nothing measured: the first chunk is more
+    pacer.observe(30, 16, 0.3)  # 6.5 ms a token: 0.3 s holds 46 rows, 30 beside 16 decodes
+    assert pacer.budget(16) == 96 - 16  # raised to 96 rows
+    assert pacer.budget(90) == MIN_TOKENS  # the decodes nearly reach it: the floor
+    assert pacer.budget(200) == MIN_TOKENS  # past it
+    assert PrefillPacer(8192, 0.3).budget(16) == 8 * MIN_TOKENS  # 1 row: no raise
+    for _ in range(50):  # a faster machine: the measured speed gives more than 96 rows
+        pacer.observe(1000, 16, 1.0)
+    assert pacer.budget(16) == pytest.approx(0.3 / (1.0 / 1016) - 16, abs=3)
+    capped = PrefillPacer(64, 0.3, min_rows=96)
+    capped.observe(30, 16, 0.3)
+    assert capped.budget(16) == 64  # never past the cap
 
 
 def test_pacing_off_and_decode_only_steps_change_nothing():

@@ -286,6 +286,9 @@ def test_served_from_its_blocks_a_tiny_gguf_gives_the_float_paths_tokens(gguf_di
     for q in ("none", "gguf"):
         llm = LLM(str(gguf_dir), quantization=q, **options)
         assert llm.engine.quantization == q
+        # prefill chunks beside decodes are sized to reach the int4 layers' GEMM path
+        assert llm.engine.gemm_rows == (DEQUANT_ROWS if q == "gguf" else 1)
+        assert llm.scheduler.pacer.min_rows == llm.engine.gemm_rows
         outs[q] = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in outs["gguf"]] == [o.token_ids for o in outs["none"]]
     for a, b in zip(outs["gguf"], outs["none"]):
@@ -312,6 +315,7 @@ def test_int8_built_at_load_gives_transformers_greedy_tokens(arch, tiny_dirs):
     want = hf_references(tiny_dirs, [arch], PROMPTS, NEW_TOKENS)[arch]
     llm = LLM(str(tiny_dirs[arch]), device="cpu", page_size=4, quantization="int8")
     assert isinstance(llm.engine.model.lm_head, Int8Linear)
+    assert llm.engine.gemm_rows == 1  # int8 has no GEMM path to reach
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
     # per-channel int8 of random weights moves logits by a few hundredths: the first five
     # tokens are the same; later ones part where two candidates are that close (measured:
