@@ -62,8 +62,13 @@ def test_the_live_page_shows_requests_running_then_ended(server, browser):
         t.start()
     try:
         page.wait_for_selector(".row[data-state='running']", timeout=20_000)
-        running = page.locator(".row[data-state='running'] .seg")
-        assert running.count() >= 2  # phases drawn: at least queued/prefill and decode
+        # phases drawn: at least queued/prefill and decode. The first poll that shows a
+        # request running can come before its decode phase has begun (a loaded machine):
+        # the next polls must draw it while the load still runs
+        page.wait_for_function(
+            "document.querySelectorAll(\".row[data-state='running'] .seg\").length >= 2",
+            timeout=20_000,
+        )
         scheduler = page.locator("#p-scheduler").inner_text()
         assert "running" in scheduler and "kv_pages_used" in scheduler
     finally:
