@@ -223,15 +223,18 @@ class Engine:
     # ------------------------------------------------------------------ step
     def _run_model(
         self, batch: Batch
-    ) -> tuple[StepInputs, torch.Tensor, DevicePromptScores | None]:
+    ) -> tuple[StepInputs, torch.Tensor | None, DevicePromptScores | None]:
         """Build the step's inputs and run the model: (inputs, (S, vocab) float32 logits of
-        the requests that sample, the prompt logprobs the batch asks for (scoring.py))."""
+        the requests that sample, None where none does, the prompt logprobs the batch asks
+        for (scoring.py))."""
         if self.threads is None:
             return self._forward(batch)
         with self.threads.step(sum(r.extend_len for r in batch.reqs)):
             return self._forward(batch)
 
-    def _forward(self, batch: Batch) -> tuple[StepInputs, torch.Tensor, DevicePromptScores | None]:
+    def _forward(
+        self, batch: Batch
+    ) -> tuple[StepInputs, torch.Tensor | None, DevicePromptScores | None]:
         runner = self.graph_runner
         self.recorder.phase("prepare")
         if runner is not None and not batch.scoring and runner.can_run(batch):
@@ -244,13 +247,16 @@ class Engine:
         scores = None
         if batch.scoring:  # prompt logprobs: from rows of the chunk that are dropped next
             scores = score_prompts(self.model, hidden, batch, self.inputs.staging)
+        if not batch.sampling_reqs:  # chunks inside their prompts: no row needs the LM head
+            return inputs, None, scores  # (it would have run on every row of the chunk)
         if inputs.sample_rows is not None:  # the last token of each request that samples
             hidden = hidden[inputs.sample_rows]
         return inputs, self.model.logits(hidden), scores
 
     @torch.inference_mode()
-    def logits(self, batch: Batch) -> torch.Tensor:
-        """Run the step; (B_s, vocab) float32 logits of the requests that sample."""
+    def logits(self, batch: Batch) -> torch.Tensor | None:
+        """Run the step; (B_s, vocab) float32 logits of the requests that sample (None when
+        none does: every request's chunk ends inside its prompt)."""
         return self._run_model(batch)[1]
 
     # --8<-- [start:launch]

@@ -94,3 +94,23 @@ def test_a_folder_with_only_a_config_serves_token_ids(tiny_dirs, tmp_path) -> No
         assert seen == [1, 2, 3]
         (refused,) = bare.generate([[5] * 100], SamplingParams(max_tokens=4))
         assert refused.error and "context" in refused.error
+
+
+def test_chunks_inside_a_prompt_run_no_lm_head_and_change_no_token(llm, tiny_dirs) -> None:
+    """A prompt longer than a step's budget: the steps whose chunks end inside it sample
+    nothing, so no row goes through the LM head (it used to run on every row of such a
+    chunk: a (chunk, vocab) float32 block, 1.6 GB at 8192 tokens of a 49k vocabulary)."""
+    chunked = LLM(
+        str(tiny_dirs["llama"]), device="cpu", page_size=4, max_seq_len=128, max_prefill_tokens=16
+    )
+    model = chunked.scheduler.engine.model
+    rows: list[int] = []
+    logits = model.logits
+    model.logits = lambda hidden: rows.append(hidden.shape[0]) or logits(hidden)
+    prompt = [3 + i % 50 for i in range(70)]  # five chunks: 16, 16, 16, 16, 6
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    (out,) = chunked.generate([prompt], params)
+    assert rows == [1, 1, 1, 1], rows  # the last chunk's final row, then three decodes
+    (whole,) = llm.generate([prompt], params)  # the same prompt in one chunk
+    assert out.token_ids == whole.token_ids and len(out.token_ids) == 4
+    assert _idle(chunked)
