@@ -38,7 +38,7 @@ from minisgl.message.timeline import Recorder
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
 from minisgl.models.loader import load_model, resolve_quantization
-from minisgl.models.quant import gemm_rows
+from minisgl.models.quant import prefill_rows
 from minisgl.models.source import resolve_model_dir
 from minisgl.utils.process import available_ram
 
@@ -68,9 +68,10 @@ class Engine:
         # before the load, which decides where a helper thread may take half a matmul
         self.threads = ThreadChoice.for_cpu(self.device, self.tp.size)
         self.model = self._load_model()
-        # from this many rows a step's projections run as GEMMs (quant.py): the scheduler
-        # sizes prefill chunks beside decodes to reach it
-        self.gemm_rows = gemm_rows(self.model)
+        # int4 weights: from 96 rows a step's projections run as GEMMs on weights dequantized
+        # for the step (quant.py); the scheduler sizes prefill chunks beside decodes so a step
+        # reaches prefill_rows, where that dequantization is shared by enough prompt tokens
+        self.prefill_rows = prefill_rows(self.model)
         self.page_size = config.page_size
         barrier("loaded", STARTUP_TIMEOUT_S)  # ranks load at their own pace; then in step
 

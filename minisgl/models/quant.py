@@ -42,6 +42,11 @@ GROUP = 32  # inputs per scale: GGUF's block size, the kernel's smallest group
 # against 3.8 (576 x 1536), 1.9 against 2.4 (960 x 576); at 80 rows about even (two
 # threads alike). The dequantization itself: 3.1 ms for 3072 x 576 on one thread.
 DEQUANT_ROWS = 96
+# A step from DEQUANT_ROWS on dequantizes every weight once, whatever its rows: about 100
+# ms for the embedded model on a 2-core VM, against about 0.5 ms per further row. So a
+# prompt chunk beside decodes takes the step to PREFILL_ROWS, where that fixed cost is
+# about a fifth of the step (see `prefill_rows`).
+PREFILL_ROWS = 4 * DEQUANT_ROWS
 BLOCK_N = 64  # output rows are padded to a multiple of the CPU kernel's widest block
 _PACK_ROWS = 4096  # rows packed per call: bounds the int32 temporary the packer needs
 
@@ -343,13 +348,22 @@ class _PackedLayout:
 _LAYOUT = _PackedLayout()
 
 
-def gemm_rows(model: nn.Module) -> int:
-    """The fewest rows from which a step of `model` runs its projections as bf16 GEMMs on
-    dequantized weights: DEQUANT_ROWS where any projection is `Int4Linear`, 1 where none
-    is (float and int8 weights cost about the same per row at any size). Below it every
-    row of an int4 step rides a kernel that unpacks the codes again for every 4 rows, so a
-    prompt token there costs about what a decode token does."""
-    return DEQUANT_ROWS if any(isinstance(m, Int4Linear) for m in model.modules()) else 1
+def prefill_rows(model: nn.Module) -> int:
+    """The rows a step of `model` should reach when it carries a prompt chunk beside decodes:
+    PREFILL_ROWS where any projection is `Int4Linear`, 1 where none is (float and int8
+    weights cost about the same per row at any size: no cost per step to share).
+
+    Under DEQUANT_ROWS every row of an int4 step rides a kernel that unpacks the codes again
+    for every 4 rows, so a prompt token there costs about what a decode token does; from it
+    on, the step dequantizes each weight once for a bf16 GEMM, and a chunk that only just
+    reaches it pays that whole cost for a few dozen prompt tokens. On a 2-core VM, 16 decodes
+    beside 80 prompt tokens took about 440 ms a step, beside 176 about 490, beside 368 about
+    600."""
+    return PREFILL_ROWS if _has_int4(model) else 1
+
+
+def _has_int4(model: nn.Module) -> bool:
+    return any(isinstance(m, Int4Linear) for m in model.modules())
 
 
 def quantized_kernels_available() -> bool:

@@ -97,7 +97,7 @@ class Scheduler:
         if pace is None:  # a CPU runs a step inside its launch: it can be timed and paced
             pace = DEFAULT_CPU_STEP_SECONDS if engine.device.type == "cpu" else 0
         self.pacer = PrefillPacer(
-            self.config.max_prefill_tokens, pace or None, min_rows=engine.gemm_rows
+            self.config.max_prefill_tokens, pace or None, min_rows=engine.prefill_rows
         )
         self.policy = Policy(
             engine, self.config, self.timeline, self.ranks.shared_seeds(), self.pacer.budget

@@ -3,9 +3,9 @@ sequences, its chunks are sized from the measured speed so a step takes about th
 time (never below a floor, never above the cap); before any measurement the first chunk is
 small; off, the cap always. Where the engine's projections only run as GEMMs from some
 number of rows on (int4 weights), a chunk beside decodes is never smaller than what takes
-the step there. Over a real scheduler on the CPU, a long prompt that arrives
-while another request decodes is prefilled in small chunks, and the decoding request gets a
-token in every step."""
+the step to the rows the engine asks for. Over a real scheduler on the CPU, a long prompt
+that arrives while another request decodes is prefilled in small chunks, and the decoding
+request gets a token in every step."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def test_beside_decodes_the_chunk_fits_the_step_time():
     assert PrefillPacer(64, 0.3).budget(1) == 64  # never past the cap
 
 
-def test_beside_decodes_a_chunk_takes_the_step_to_the_engines_gemm_rows():
+def test_beside_decodes_a_chunk_takes_the_step_to_the_engines_prefill_rows():
     pacer = PrefillPacer(8192, 0.3, min_rows=96)
     assert pacer.budget(16) == 8 * MIN_TOKENS  # nothing measured: the first chunk is more
     pacer.observe(30, 16, 0.3)  # 6.5 ms a token: 0.3 s holds 46 rows, 30 beside 16 decodes

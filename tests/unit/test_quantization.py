@@ -33,7 +33,13 @@ from minisgl.models.gguf_quant import (
     read_tensor_infos,
 )
 from minisgl.models.loader import GGUF_LINK, resolve_quantization
-from minisgl.models.quant import DEQUANT_ROWS, GroupQuant, Int4Linear, Int8Linear
+from minisgl.models.quant import (
+    DEQUANT_ROWS,
+    PREFILL_ROWS,
+    GroupQuant,
+    Int4Linear,
+    Int8Linear,
+)
 from minisgl.utils import split
 
 gguf = pytest.importorskip("gguf")
@@ -286,9 +292,11 @@ def test_served_from_its_blocks_a_tiny_gguf_gives_the_float_paths_tokens(gguf_di
     for q in ("none", "gguf"):
         llm = LLM(str(gguf_dir), quantization=q, **options)
         assert llm.engine.quantization == q
-        # prefill chunks beside decodes are sized to reach the int4 layers' GEMM path
-        assert llm.engine.gemm_rows == (DEQUANT_ROWS if q == "gguf" else 1)
-        assert llm.scheduler.pacer.min_rows == llm.engine.gemm_rows
+        # prefill chunks beside decodes take an int4 step past its GEMM path's threshold,
+        # to the rows that share the step's dequantization
+        assert llm.engine.prefill_rows == (PREFILL_ROWS if q == "gguf" else 1)
+        assert PREFILL_ROWS > DEQUANT_ROWS
+        assert llm.scheduler.pacer.min_rows == llm.engine.prefill_rows
         outs[q] = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in outs["gguf"]] == [o.token_ids for o in outs["none"]]
     for a, b in zip(outs["gguf"], outs["none"]):
@@ -315,7 +323,7 @@ def test_int8_built_at_load_gives_transformers_greedy_tokens(arch, tiny_dirs):
     want = hf_references(tiny_dirs, [arch], PROMPTS, NEW_TOKENS)[arch]
     llm = LLM(str(tiny_dirs[arch]), device="cpu", page_size=4, quantization="int8")
     assert isinstance(llm.engine.model.lm_head, Int8Linear)
-    assert llm.engine.gemm_rows == 1  # int8 has no GEMM path to reach
+    assert llm.engine.prefill_rows == 1  # int8 has no dequantization to share
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True))
     # per-channel int8 of random weights moves logits by a few hundredths: the first five
     # tokens are the same; later ones part where two candidates are that close (measured:
