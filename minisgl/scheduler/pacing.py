@@ -22,7 +22,7 @@ speed estimate above charges every token the same, which this cost breaks: paced
 sixteen streams' steps carried about 30 prompt tokens, all in the int4 kernel (290 ms a
 step); taken to 96 rows, 80 prompt tokens (440 ms); taken to `prefill_rows`, 384 rows, 368
 prompt tokens (about 600 ms). On that VM the streams' output in
-`benchmarks/online.py --num-requests 32 --concurrency 16` was 46 tok/s paced, 56 to 60 at 96
+`benchmarks/online.py --num-requests 32 --concurrency 16` was 43 tok/s paced, 56 to 60 at 96
 rows and 59 to 80 at 384, the machine's speed moving between runs.
 """
 
