@@ -39,7 +39,8 @@ class StepInputs:
     input_ids: torch.Tensor  # (T,) int64
     info: ForwardInfo
     sample_rows: torch.Tensor | None  # (S,) rows of the hidden states that sample; None:
-    # the first num_reqs rows (every request samples)
+    # the first num_reqs rows (every request samples), or, in a prefill step, none (the
+    # engine then runs no LM head)
     sample_slots: torch.Tensor  # (S,) request slot of each sampling row (for last_tokens)
     num_reqs: int  # real requests (rows past them are padding)
 

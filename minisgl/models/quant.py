@@ -359,11 +359,7 @@ def prefill_rows(model: nn.Module) -> int:
     reaches it pays that whole cost for a few dozen prompt tokens. On a 2-core VM, 16 decodes
     beside 80 prompt tokens took about 440 ms a step, beside 176 about 490, beside 368 about
     600."""
-    return PREFILL_ROWS if _has_int4(model) else 1
-
-
-def _has_int4(model: nn.Module) -> bool:
-    return any(isinstance(m, Int4Linear) for m in model.modules())
+    return PREFILL_ROWS if any(isinstance(m, Int4Linear) for m in model.modules()) else 1
 
 
 def quantized_kernels_available() -> bool:
