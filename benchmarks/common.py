@@ -242,14 +242,16 @@ def launched_minisgl(model, *flags: str, device: str = "cpu", env=None, timeout=
 
 def engine_record(engine) -> dict:
     """What ran, for a result file: the model folder's name, device, dtype, weights,
-    attention backend, KV pages, CUDA graphs and tensor-parallel size of an `Engine`."""
+    attention backend, KV pages, CUDA graphs, native batch-1 decode steps and tensor-parallel
+    size of an `Engine`."""
     graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
     return {"model": engine.model_dir.name, "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
             "quantization": engine.quantization,
             "attention_backend": type(engine.attn_backend).__name__,
             "num_pages": engine.num_pages, "page_size": engine.page_size,
-            "cuda_graphs": graphs, "tp_size": engine.tp.size}  # fmt: skip
+            "cuda_graphs": graphs, "native_decode": getattr(engine, "native", None) is not None,
+            "tp_size": engine.tp.size}  # fmt: skip
 
 
 def describe(engine) -> str:
@@ -258,7 +260,8 @@ def describe(engine) -> str:
     tp = f", tensor parallel over {r['tp_size']} ranks" if r["tp_size"] > 1 else ""
     return (f"{r['model']} on {r['device']} ({r['dtype']}, weights {r['quantization']}, "
             f"{r['attention_backend']}, {r['num_pages']} KV pages of {r['page_size']}, "
-            f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}{tp})")  # fmt: skip
+            f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, "
+            f"native decode {'on' if r['native_decode'] else 'off'}{tp})")  # fmt: skip
 
 
 def cuda_sync(device) -> None:

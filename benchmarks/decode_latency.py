@@ -38,7 +38,7 @@ def measure(llm: LLM, prompt: list[int], output_len: int) -> tuple[float, float]
     return first - start, (last - first) / max(1, n_last - n_first)
 
 
-ENGINE_FLAGS = ("device", "attention_backend", "cuda_graph")  # minisgl's own flags
+ENGINE_FLAGS = ("device", "attention_backend", "cuda_graph", "native_decode")  # minisgl's own flags
 
 
 def main(argv: list[str] | None = None) -> int:

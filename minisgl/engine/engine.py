@@ -38,6 +38,7 @@ from minisgl.message.timeline import Recorder
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
 from minisgl.models.loader import load_model, resolve_quantization
+from minisgl.models.native import NativeDecoder
 from minisgl.models.quant import prefill_rows
 from minisgl.models.source import resolve_model_dir
 from minisgl.utils.process import available_ram
@@ -123,6 +124,15 @@ class Engine:
                 self.model_config.vocab_size,
             )
         self.degraded: dict[str, str] = {}  # part -> reason, for each part fallen back from
+        # a CPU batch-1 decode step in one native call (models/native.py), where it can
+        self.native: NativeDecoder | None = None
+        if self.device.type == "cpu" and config.native_decode:
+            self.native, why = NativeDecoder.build(self.model, self.pool)
+            if why is not None:
+                logger.info("batch-1 decode steps run on torch: %s", why)
+            elif (why := self.native.disagreement()) is not None:
+                self.native, self.degraded["native decode"] = None, why
+                logger.warning("batch-1 decode steps fall back to torch: %s", why)
         faults.inject(self)  # MINISGL_INJECT_FAULTS (tests of the self-check)
         self.self_check = SelfCheck(self)
         self.self_check.at_startup()  # attention, then the decode graphs' capture
@@ -242,6 +252,11 @@ class Engine:
             inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
             return inputs, runner.run(inputs), None  # its replay marks the forward
         inputs = self.inputs.build(batch)
+        if self.native is not None and _one_decode(batch):
+            self.recorder.phase("forward")
+            hidden = self.native.forward(inputs.input_ids, inputs.info)
+            logits = self.native.logits(hidden) if batch.sampling_reqs else None
+            return inputs, logits, None
         ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
         self.recorder.phase("forward")
         hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
@@ -283,6 +298,11 @@ class Engine:
         return StepHandle(host, done, logprobs, scores)
 
     # --8<-- [end:launch]
+
+
+def _one_decode(batch: Batch) -> bool:
+    """One request adding one token, no prompt logprobs: what the native step runs."""
+    return len(batch.reqs) == 1 and batch.reqs[0].extend_len == 1 and not batch.scoring
 
 
 @dataclass

@@ -30,7 +30,7 @@ OTHERS = {
     "--max-response-bytes", "--max-body-bytes", "--shutdown-timeout",
     "--request-read-timeout", "--max-connections", "--worker-heartbeat-timeout",
     "--grammar-compile-timeout", "--grammar-max-bytes", "--escape-special-tokens",
-    "--chat-template", "--prompt", "--max-tokens", "--log-level",
+    "--chat-template", "--prompt", "--max-tokens", "--log-level", "--disable-native-decode",
 }  # fmt: skip
 CHOICES = {
     "--device": ["auto", "cpu", "cuda"],

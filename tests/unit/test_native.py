@@ -1,0 +1,220 @@
+"""The native batch-1 decode step (minisgl.models.native, native_decode.c).
+
+- The C kernel's matrix-vector product on torch's packed int4 weights (4-bit and 8-bit
+  codes, a bias, output rows that do not fill the last block) against the float32 matmul
+  of the same packed values: each output within what rounding the input to 16-bit
+  integers per group of 32 can move it by (half a step per input, times |w|). So are the
+  AVX2 kernel (torch's 32-row blocks) and the plain C one, on codes packed by the test,
+  whose packing of 64-row blocks is torch's own, byte for byte.
+- A tiny Llama GGUF served with native decode steps gives the float path's greedy tokens,
+  one request at a time and in a batch that shrinks to one (the step switches between the
+  two paths), with logprobs no further from the float path's than the torch path's are;
+  native steps really ran; the engine ends idle.
+- Qwen2's q/k/v bias and Qwen3's per-head q/k norms, on tiny models whose projections are
+  swapped for int4 ones: the same tokens as the torch path on those very weights.
+- Where the step cannot run natively (no C compiler, float weights), the engine says why
+  and serves on torch; where the start-up check finds the native kernel disagreeing with
+  torch's (faked here by skewing torch's), it falls back and reports itself degraded.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+
+import pytest
+import torch
+from test_quantization import PROMPTS, _group_quant, gguf_dir  # noqa: F401 (a fixture)
+
+from minisgl import LLM, SamplingParams
+from minisgl.models import native
+from minisgl.models.quant import GroupQuant, Int4Linear
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("cc") is None, reason="no C compiler: the native step is not built here"
+)
+
+
+def _rounding_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """Per output row, what rounding x to 16-bit integers per group of 32 can move it by:
+    each input by at most half its group's step (the group's largest |x| / 32767), times
+    |w|; plus float32 summation's share (1e-5 of the row's magnitude)."""
+    top = x.abs().view(-1, 32).amax(1).repeat_interleave(32)  # (K,) per input, its group's
+    return (w.abs() * (top / 32767 / 2)).sum(1) + 1e-5 * (w.abs() * x.abs()).sum(1)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("n, k", [(200, 96), (64, 32), (130, 256)])
+def test_the_kernel_matches_the_float_matmul_of_the_same_weights(bits, n, k):
+    gq = _group_quant(n, k, bits, seed=n + k)
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(3))
+    layer = Int4Linear(gq, bias)
+    w = layer.rows(torch.arange(n))  # the packed values (scales and zeros in bf16), float32
+    x = torch.randn(k, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):
+        want = w @ x + bias
+        got = native.gemv(layer, x)
+        assert got.shape == want.shape
+        assert ((got - want).abs() <= _rounding_bound(w, x)).all()
+        # then a group of zeros (its step is 0) and one with an outlier among small values
+        x[: k - 32] = 0
+        x[-1] = 100.0
+
+
+def _pack(codes: torch.Tensor, block: int) -> torch.Tensor:
+    """(N, K) 4-bit codes, N a multiple of `block` -> the layout the kernels read: per block
+    of rows and input k, block / 2 bytes, row j's code low and row j + block / 2's high."""
+    N, K = codes.shape
+    rows = codes.view(N // block, 2, block // 2, K)  # (blocks, low/high, j, K)
+    return (rows[:, 0] | rows[:, 1] << 4).transpose(1, 2).contiguous().view(N, K // 2)
+
+
+class _Packed:  # what weight_struct reads of a packed linear
+    def __init__(self, layer: Int4Linear, packed: torch.Tensor) -> None:
+        self.packed, self.scale_zeros, self.bias = packed, layer.scale_zeros, layer.bias
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+
+
+@pytest.fixture(scope="module")
+def portable_library():
+    """The library built without AVX-512 and AVX2: the plain C kernel."""
+    flags = native.FLAGS
+    if platform.machine() == "x86_64":
+        flags = [*flags, "-mno-avx512f", "-mno-avx2"]
+    return native._load(native._compile(flags))
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("kernel", ["avx2", "plain64", "plain32"])
+def test_every_kernel_reads_the_layout_it_is_built_for(bits, kernel, portable_library):
+    gq = _group_quant(200, 96, bits, seed=7)
+    layer = Int4Linear(gq, torch.randn(200, generator=torch.Generator().manual_seed(4)))
+    codes = gq.codes if bits == 4 else torch.cat([gq.codes >> 4, gq.codes & 15], dim=1)
+    codes = torch.nn.functional.pad(codes, (0, 0, 0, layer.packed.shape[0] - 200))
+    if native._LAYOUT._find() == (64, False):  # our reading of torch's own packing
+        assert torch.equal(_pack(codes, 64), layer.packed)
+    block = 64 if kernel == "plain64" else 32
+    lib = None if kernel == "avx2" else portable_library
+    w = layer.rows(torch.arange(200))
+    x = torch.randn(96, generator=torch.Generator().manual_seed(5))
+    got = native.gemv(_Packed(layer, _pack(codes, block)), x, lib, block)
+    assert ((got - (w @ x + layer.bias)).abs() <= _rounding_bound(w, x)).all()
+
+
+def _count_native_steps(llm, monkeypatch) -> list[int]:
+    calls = [0]
+    forward = llm.engine.native.forward
+
+    def counted(*args):
+        calls[0] += 1
+        return forward(*args)
+
+    monkeypatch.setattr(llm.engine.native, "forward", counted)
+    return calls
+
+
+def _assert_idle(llm) -> None:
+    s = llm.scheduler.state()
+    assert s.pending == s.running == s.table_slots_used == s.kv_pages_used == 0
+
+
+def test_a_tiny_gguf_decodes_natively_with_the_torch_paths_tokens(gguf_dir, monkeypatch):  # noqa: F811
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)
+    outs = {}
+    for path in ("native", "torch", "float"):
+        q = "none" if path == "float" else "gguf"
+        llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization=q,
+                  native_decode=path == "native")  # fmt: skip
+        assert (llm.engine.native is not None) == (path == "native")
+        if path == "native":
+            calls = _count_native_steps(llm, monkeypatch)
+        alone = [llm.generate([p], params)[0] for p in PROMPTS]  # batch-1 decodes only
+        together = llm.generate(PROMPTS, params)  # batched, then one left
+        outs[path] = alone + list(together)
+        if path == "native":
+            assert calls[0] >= len(PROMPTS) * 11  # every decode of the requests alone
+        _assert_idle(llm)
+        del llm
+    gap = {}
+    for path in ("native", "torch"):
+        gap[path] = 0.0
+        for a, b in zip(outs[path], outs["float"]):
+            assert a.outputs[0].token_ids == b.outputs[0].token_ids
+            for la, lb in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+                gap[path] = max(gap[path], abs(la.logprob - lb.logprob))
+    # both start from the same bf16-rounded prefill and scales (0.073 nats from the float
+    # path, seen); the native steps add nothing measurable to that
+    assert gap["native"] < 0.1 and gap["native"] <= gap["torch"] + 0.005
+
+
+def _int4_projections(model) -> None:
+    """Every projection and the LM head of `model` swapped for an int4 copy of itself."""
+    for layer in model.model.layers:
+        for parent, name in (
+            (layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
+            (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj"),
+        ):  # fmt: skip
+            lin = getattr(parent, name)
+            gq = GroupQuant.from_float(lin.weight.detach(), bits=4)
+            setattr(parent, name, Int4Linear(gq, lin.bias))
+    model.lm_head = Int4Linear(GroupQuant.from_float(model.lm_head.weight.detach(), bits=8))
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])  # q/k/v bias; per-head q/k norms
+def test_bias_and_qk_norm_decode_natively_as_on_torch(arch, tiny_dirs):
+    llm = LLM(str(tiny_dirs[arch]), device="cpu", page_size=4, quantization="none")
+    engine = llm.engine
+    assert engine.native is None  # float weights: the torch path
+    _int4_projections(engine.model)
+    decoder, why = native.NativeDecoder.build(engine.model, engine.pool)
+    assert why is None
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    got = {}
+    for on in (True, False):
+        engine.native = decoder if on else None
+        got[on] = [llm.generate([p], params)[0].outputs[0].token_ids for p in PROMPTS]
+    assert got[True] == got[False]
+
+
+def test_without_a_compiler_the_engine_serves_on_torch_and_says_why(
+    gguf_dir,  # noqa: F811
+    monkeypatch,
+    caplog,
+):
+    monkeypatch.setattr(native, "_library", None)  # forget the compiled library
+    monkeypatch.setenv("CC", "no-such-compiler")
+    caplog.set_level("INFO")
+    llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization="gguf")
+    assert llm.engine.native is None
+    assert "no C compiler ('no-such-compiler' is not on PATH)" in caplog.text
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_a_kernel_that_disagrees_with_torchs_is_a_fallback_the_engine_reports(
+    gguf_dir,  # noqa: F811
+    monkeypatch,
+):
+    forward = Int4Linear.forward
+    monkeypatch.setattr(Int4Linear, "forward", lambda self, x: forward(self, x) * 1.5)
+    llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization="gguf")
+    assert llm.engine.native is None
+    assert llm.engine.degraded["native decode"].startswith(
+        "the native kernel disagrees with torch's on in=64, out="
+    )
+    monkeypatch.undo()
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_float_weights_are_named_as_the_reason(tiny_dirs):
+    from minisgl.models.config import ModelConfig
+    from minisgl.models.decoder import CausalLM
+
+    class Pool:  # what build() reads of a KV pool
+        k = v = torch.empty(2, 8, 1, 4)
+
+    model = CausalLM(ModelConfig.from_dir(tiny_dirs["llama"]))
+    decoder, why = native.NativeDecoder.build(model, Pool())
+    assert decoder is None
+    assert why == "Linear weights (the native path reads int4-packed ones)"
