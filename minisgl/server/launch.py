@@ -23,6 +23,7 @@ import uvicorn
 
 from minisgl.message import FrontendMsg, TokenizerMsg
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
+from minisgl.utils.process import freeze_startup_objects
 from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 
 from .args import ServerArgs
@@ -132,6 +133,7 @@ def launch_server(args: ServerArgs) -> int:
                 args.port,
                 fell_back,
             )
+            freeze_startup_objects()  # the app and its imports: out of the collector's walks
             return supervisor.serve(SupervisedServer(config, supervisor), frontend)
     except WorkerStartError as exc:
         logger.error("%s", exc)

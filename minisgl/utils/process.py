@@ -1,8 +1,10 @@
-"""Process and machine helpers: worker logging set-up, how much memory the machine has
-available, how many cores this process may run on, and a free local port."""
+"""Process and machine helpers: worker logging set-up, the collector told to leave what was
+built at start-up alone, how much memory the machine has available, how many cores this
+process may run on, and a free local port."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -16,6 +18,16 @@ def configure_worker_logging(name: str, level: str) -> None:
     )
     # Ctrl-C goes to the whole process group: the launcher decides how workers stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def freeze_startup_objects() -> None:
+    """Move every object alive now out of the cyclic collector's reach, once a process has
+    built what it serves with. A model, its tokenizer and their imports are some 360,000
+    objects that live until exit; a full collection walks them all (165 ms on a 2-core VM,
+    a stall in the middle of a stream), and the young collections that serving triggers
+    pay for them too. Garbage made afterwards is collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 def usable_cores() -> int:

@@ -4,9 +4,11 @@ Contract: a worker's entry point calls `run_worker(name, role, log_level, build,
 heartbeat)`. The harness sets up the process's logging (lines tagged `[name]`, Ctrl-C left
 to the launcher), starts the heartbeat (utils/heartbeat.py), and calls `build(parent)`,
 which builds everything the worker needs and returns a `Serving`: the serve loop and the
-information the launcher is told with "ready". If `build` raises, the launcher receives
-`("error", "<role> failed to start: <reason>")` over the `ready` pipe and the process exits
-with status 1; otherwise it receives `("ready", info)` and the serve loop runs.
+information the launcher is told with "ready". What `build` made is then frozen out of the
+garbage collector's walks (`freeze_startup_objects`) before the loop starts. If `build`
+raises, the launcher receives `("error", "<role> failed to start: <reason>")` over the
+`ready` pipe and the process exits with status 1; otherwise it receives `("ready", info)`
+and the serve loop runs.
 
 `parent` (a `ParentWatch`) is how a worker notices that its launcher is gone (even killed by
 SIGKILL: the worker is then re-parented). A loop that wakes up regularly asks
@@ -26,7 +28,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from .heartbeat import start_beating
-from .process import configure_worker_logging
+from .process import configure_worker_logging, freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -87,5 +89,6 @@ def run_worker(
         logger.exception("%s failed to start", role)
         ready.send(("error", f"{role} failed to start: {exc}"))
         raise SystemExit(1) from exc
+    freeze_startup_objects()
     ready.send(("ready", serving.info))
     serving.loop()

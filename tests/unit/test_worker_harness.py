@@ -1,11 +1,13 @@
 """The worker harness (minisgl/utils/worker.py) that starts every worker process: a build
 that fails reaches the launcher as ("error", "<role> failed to start: <reason>") and the
 process exits 1; a build that succeeds says ("ready", info) and then its serve loop runs,
-with the heartbeat beating; a worker whose launcher is killed exits by itself. Each in a
-real spawned process, as the launcher starts them."""
+with the heartbeat beating, on what the build made frozen out of the garbage collector's
+walks; a worker whose launcher is killed exits by itself. Each in a real spawned process,
+as the launcher starts them."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -61,6 +63,30 @@ def test_a_built_worker_says_ready_with_its_info_then_serves_with_a_heartbeat():
     assert proc.exitcode == 0
     assert served.value == 1  # the loop ran, and saw its parent alive
     assert heartbeat.value > started  # the worker beat
+
+
+def _frozen(ready, seen) -> None:
+    def build(parent: ParentWatch) -> Serving:
+        model = [object() for _ in range(1000)]  # what a worker builds: kept until exit
+
+        def loop() -> None:
+            assert len(model) == 1000  # the loop serves with what was built
+            seen.value = gc.get_freeze_count()
+
+        return Serving(loop)
+
+    run_worker("tokenizer", "tokenizer worker", "warning", build, ready)
+
+
+def test_the_serve_loop_starts_with_what_the_build_made_frozen_out_of_the_collector():
+    recv, send = CTX.Pipe(duplex=False)
+    seen = CTX.Value("i", 0)
+    proc = CTX.Process(target=_frozen, args=(send, seen), daemon=True)
+    proc.start()
+    assert recv.poll(60) and recv.recv()[0] == "ready"
+    proc.join(30)
+    assert proc.exitcode == 0
+    assert seen.value > 1000  # the build's objects and its imports: no full walk meets them
 
 
 def _blocked_forever(ready) -> None:
