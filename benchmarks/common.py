@@ -242,15 +242,16 @@ def launched_minisgl(model, *flags: str, device: str = "cpu", env=None, timeout=
 
 def engine_record(engine) -> dict:
     """What ran, for a result file: the model folder's name, device, dtype, weights,
-    attention backend, KV pages, CUDA graphs, native batch-1 decode steps and tensor-parallel
-    size of an `Engine`."""
+    attention backend, KV pages, CUDA graphs, native batch-1 decode steps (their kernel's
+    name, or None) and tensor-parallel size of an `Engine`."""
     graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
+    native = getattr(engine, "native", None)
     return {"model": engine.model_dir.name, "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
             "quantization": engine.quantization,
             "attention_backend": type(engine.attn_backend).__name__,
             "num_pages": engine.num_pages, "page_size": engine.page_size,
-            "cuda_graphs": graphs, "native_decode": getattr(engine, "native", None) is not None,
+            "cuda_graphs": graphs, "native_decode": native.kernel if native is not None else None,
             "tp_size": engine.tp.size}  # fmt: skip
 
 
@@ -261,7 +262,7 @@ def describe(engine) -> str:
     return (f"{r['model']} on {r['device']} ({r['dtype']}, weights {r['quantization']}, "
             f"{r['attention_backend']}, {r['num_pages']} KV pages of {r['page_size']}, "
             f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, "
-            f"native decode {'on' if r['native_decode'] else 'off'}{tp})")  # fmt: skip
+            f"native decode {r['native_decode'] or 'off'}{tp})")  # fmt: skip
 
 
 def cuda_sync(device) -> None:

@@ -133,6 +133,8 @@ class Engine:
             elif (why := self.native.disagreement()) is not None:
                 self.native, self.degraded["native decode"] = None, why
                 logger.warning("batch-1 decode steps fall back to torch: %s", why)
+            else:
+                logger.info("batch-1 decode steps run natively (%s kernel)", self.native.kernel)
         faults.inject(self)  # MINISGL_INJECT_FAULTS (tests of the self-check)
         self.self_check = SelfCheck(self)
         self.self_check.at_startup()  # attention, then the decode graphs' capture

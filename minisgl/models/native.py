@@ -16,20 +16,24 @@ Contract:
 Why: a batch-1 step of the embedded 30-layer model is about 2,000 torch operators, which
 on a 2-core VM cost two thirds of the step in dispatch and Python, not in arithmetic:
 torch's int4 kernel itself was 11 ms of a 35 ms step. In C the same step is one call; the
-weights are still streamed once, as they must be.
+weights are still streamed once, as they must be. What a step costs then is the weights'
+bytes and the attention over the context: the matrix-vector kernel takes four inputs per
+instruction where the CPU has AVX-512 VBMI and VNNI, and the attention reads each key and
+value row once for every head (native_gemv.h, native_attention.h).
 
 Numerics: activations stay float32 between the projections (norms, RoPE, attention, the
-residual stream, the logits). Inside a projection, the AVX-512 kernel rounds its input to
-16-bit integers per group of 32 (each within 1/65534 of its group's largest value) for
+residual stream, the logits). Inside a projection, the AVX-512 kernels round the input to
+15-bit integers per group of 32 (each within 1/32766 of its group's largest value) for
 exact integer dot products; the torch path rounds every projection's input and output to
 bf16 (within 1/256 of each value). So the native logits are no further from the float32
 model's than the torch path's (tests/unit/test_native.py).
 
-The C source (native_decode.c, beside this file) is compiled on first use with the
-machine's C compiler (`CC`, else `cc`; `-O3 -march=native -fopenmp`) into the user's cache
-folder, keyed by the source, the flags and the CPU, and loaded with ctypes. OpenMP
-resolves to the runtime torch has loaded already (the same soname), so both share one
-pool of threads and torch's thread count.
+The C source (native_decode.c and the two headers it includes, beside this file) is
+compiled on first use with the machine's C compiler (`CC`, else `cc`; `-O3 -march=native
+-fopenmp`) into the user's cache folder, keyed by the sources, the flags and the CPU, and
+loaded with ctypes; `decoder.kernel` names the matrix-vector kernel that build chose.
+OpenMP resolves to the runtime torch has loaded already (the same soname), so both share
+one pool of threads and torch's thread count.
 """
 
 from __future__ import annotations
@@ -52,7 +56,11 @@ from .quant import _LAYOUT, BLOCK_N, GROUP, Int4Linear
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native_decode.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
+HEADERS = [SOURCE.with_name(name) for name in ("native_gemv.h", "native_attention.h")]
+# no errno or floating-point traps to keep: libm's calls become instructions, and loops
+# with a branch (the exponentials' range, the sigmoid's two sides) vectorize
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+         "-shared", "-fPIC", "-std=gnu11"]  # fmt: skip
 if platform.machine() in ("x86_64", "AMD64"):
     FLAGS.append("-mprefer-vector-width=512")  # AVX-512 where the CPU has it
 
@@ -141,9 +149,9 @@ def _compile(flags: list[str] = FLAGS) -> Path:
     cc = os.environ.get("CC", "cc")
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler ({cc!r} is not on PATH)")
-    source = SOURCE.read_bytes()
+    sources = [path.read_bytes() for path in (SOURCE, *HEADERS)]
     key = hashlib.sha256(
-        b"\0".join([source, " ".join([cc, *flags]).encode(), _cpu_key().encode()])
+        b"\0".join([*sources, " ".join([cc, *flags]).encode(), _cpu_key().encode()])
     ).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minisgl"
     target = cache / f"native_decode-{key}.so"
@@ -178,12 +186,21 @@ def _load(path: Path) -> ctypes.CDLL:
     lib.minisgl_gemv.restype = None
     lib.minisgl_work_floats.argtypes = [ctypes.POINTER(_Model)]
     lib.minisgl_work_floats.restype = ctypes.c_int64
+    lib.minisgl_gemv_kernel.argtypes = []
+    lib.minisgl_gemv_kernel.restype = ctypes.c_char_p
     return lib
+
+
+def kernel_name(lib: ctypes.CDLL) -> str:
+    """Which matrix-vector kernel `lib` was built with: "quads" or "pairs" (AVX-512, x in
+    15-bit integers), "avx2" or "plain" (float32); native_gemv.h says what each does."""
+    return lib.minisgl_gemv_kernel().decode()
 
 
 class NativeDecoder:
     def __init__(self, lib: ctypes.CDLL, model: nn.Module, pool, block: int) -> None:
         self.lib, self.model, self.block = lib, model, block
+        self.kernel = kernel_name(lib)
         c, inner = model.config, model.model
         self._keep: list[torch.Tensor] = []  # tensors whose pointers the structs hold
         layers = (_Layer * c.num_layers)()

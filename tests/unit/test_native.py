@@ -1,15 +1,17 @@
-"""The native batch-1 decode step (minisgl.models.native, native_decode.c).
+"""The native batch-1 decode step (minisgl.models.native, native_decode.c and its headers).
 
-- The C kernel's matrix-vector product on torch's packed int4 weights (4-bit and 8-bit
-  codes, a bias, output rows that do not fill the last block) against the float32 matmul
-  of the same packed values: each output within what rounding the input to 16-bit
-  integers per group of 32 can move it by (half a step per input, times |w|). So are the
-  AVX2 kernel (torch's 32-row blocks) and the plain C one, on codes packed by the test,
-  whose packing of 64-row blocks is torch's own, byte for byte.
+- Each matrix-vector kernel on torch's packed int4 weights (4-bit and 8-bit codes, a bias,
+  output rows that do not fill the last block) against the float32 matmul of the same
+  packed values: each output within what rounding the input to 15-bit integers per group
+  of 32 can move it by (half a step per input, times |w|). The AVX-512 kernels ("quads"
+  with VBMI and VNNI, "pairs" without) read torch's own 64-row packing; the AVX2 and plain
+  C ones codes packed by the test, whose packing of 64-row blocks is torch's, byte for byte.
+  Each library is built with the flags that select its kernel and says which it has.
 - A tiny Llama GGUF served with native decode steps gives the float path's greedy tokens,
   one request at a time and in a batch that shrinks to one (the step switches between the
   two paths), with logprobs no further from the float path's than the torch path's are;
-  native steps really ran; the engine ends idle.
+  native steps really ran; the engine ends idle. So does a long context (the attention's
+  tiles and its runs of positions merged), alike bit for bit on one thread and two.
 - Qwen2's q/k/v bias and Qwen3's per-head q/k norms, on tiny models whose projections are
   swapped for int4 ones: the same tokens as the torch path on those very weights.
 - Where the step cannot run natively (no C compiler, float weights), the engine says why
@@ -35,12 +37,15 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+XQ_MAX = 16383  # native_gemv.h: x rounded per group to integers up to this
+
+
 def _rounding_bound(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """Per output row, what rounding x to 16-bit integers per group of 32 can move it by:
-    each input by at most half its group's step (the group's largest |x| / 32767), times
+    """Per output row, what rounding x to 15-bit integers per group of 32 can move it by:
+    each input by at most half its group's step (the group's largest |x| / XQ_MAX), times
     |w|; plus float32 summation's share (1e-5 of the row's magnitude)."""
     top = x.abs().view(-1, 32).amax(1).repeat_interleave(32)  # (K,) per input, its group's
-    return (w.abs() * (top / 32767 / 2)).sum(1) + 1e-5 * (w.abs() * x.abs()).sum(1)
+    return (w.abs() * (top / XQ_MAX / 2)).sum(1) + 1e-5 * (w.abs() * x.abs()).sum(1)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -75,28 +80,52 @@ class _Packed:  # what weight_struct reads of a packed linear
         self.in_features, self.out_features = layer.in_features, layer.out_features
 
 
+def _cpu_has(*flags: str) -> bool:
+    return all(f" {flag}" in native._cpu_key() for flag in flags)
+
+
+KERNELS = {  # kernel: (flags beside the library's own, block of rows it reads, CPU flags)
+    "quads": ([], 64, ("avx512vbmi", "avx512_vnni")),
+    "pairs": (["-mno-avx512vbmi"], 64, ("avx512bw",)),
+    "avx2": (["-mno-avx512f"], 32, ("avx2", "fma")),
+    "plain64": (["-mno-avx512f", "-mno-avx2"], 64, ()),
+    "plain32": (["-mno-avx512f", "-mno-avx2"], 32, ()),
+}
+
+
 @pytest.fixture(scope="module")
-def portable_library():
-    """The library built without AVX-512 and AVX2: the plain C kernel."""
-    flags = native.FLAGS
-    if platform.machine() == "x86_64":
-        flags = [*flags, "-mno-avx512f", "-mno-avx2"]
-    return native._load(native._compile(flags))
+def kernel_library():
+    """The library built for one kernel (x86-64; elsewhere every build is the plain one)."""
+
+    def build(kernel: str):
+        flags, _, needs = KERNELS[kernel]
+        if platform.machine() != "x86_64":
+            if kernel.startswith("plain"):
+                return native._load(native._compile())
+            pytest.skip(f"the {kernel} kernel is x86-64's")
+        if not _cpu_has(*needs):
+            pytest.skip(f"this CPU lacks {', '.join(needs)} for the {kernel} kernel")
+        lib = native._load(native._compile([*native.FLAGS, *flags]))
+        assert native.kernel_name(lib) == kernel.removesuffix("64").removesuffix("32")
+        return lib
+
+    return build
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("kernel", ["avx2", "plain64", "plain32"])
-def test_every_kernel_reads_the_layout_it_is_built_for(bits, kernel, portable_library):
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_every_kernel_reads_the_layout_it_is_built_for(bits, kernel, kernel_library):
+    lib = kernel_library(kernel)
+    block = KERNELS[kernel][1]
     gq = _group_quant(200, 96, bits, seed=7)
     layer = Int4Linear(gq, torch.randn(200, generator=torch.Generator().manual_seed(4)))
     codes = gq.codes if bits == 4 else torch.cat([gq.codes >> 4, gq.codes & 15], dim=1)
     codes = torch.nn.functional.pad(codes, (0, 0, 0, layer.packed.shape[0] - 200))
     if native._LAYOUT._find() == (64, False):  # our reading of torch's own packing
         assert torch.equal(_pack(codes, 64), layer.packed)
-    block = 64 if kernel == "plain64" else 32
-    lib = None if kernel == "avx2" else portable_library
     w = layer.rows(torch.arange(200))
     x = torch.randn(96, generator=torch.Generator().manual_seed(5))
+    x[40] = 30.0  # an outlier: its group's other inputs get coarse steps
     got = native.gemv(_Packed(layer, _pack(codes, block)), x, lib, block)
     assert ((got - (w @ x + layer.bias)).abs() <= _rounding_bound(w, x)).all()
 
@@ -145,6 +174,46 @@ def test_a_tiny_gguf_decodes_natively_with_the_torch_paths_tokens(gguf_dir, monk
     # both start from the same bf16-rounded prefill and scales (0.073 nats from the float
     # path, seen); the native steps add nothing measurable to that
     assert gap["native"] < 0.1 and gap["native"] <= gap["torch"] + 0.005
+
+
+def test_a_long_context_decodes_natively_as_on_torch_and_alike_on_any_thread_count(
+    gguf_dir,  # noqa: F811
+    monkeypatch,
+):
+    """170 positions: three tiles of keys, four runs merged (native_attention.h)."""
+    prompt = [(j * 29 + 7) % 500 + 3 for j in range(150)]
+    params = SamplingParams(max_tokens=20, ignore_eos=True, logprobs=3)
+    outs, old = {}, torch.get_num_threads()
+    try:
+        for path, threads in (("native", 1), ("native", 2), ("torch", 1), ("float", 1)):
+            llm = LLM(str(gguf_dir), device="cpu", page_size=4, native_decode=path == "native",
+                      quantization="none" if path == "float" else "gguf")  # fmt: skip
+            llm.engine.threads = None  # the count set here stands
+            torch.set_num_threads(threads)
+            if path == "native":
+                calls = _count_native_steps(llm, monkeypatch)
+            out = llm.generate([prompt], params)[0].outputs[0]
+            if path == "native":
+                assert calls[0] == 19  # every decode step after the prefill
+            outs[path, threads] = (out.token_ids, [(p.logprob, p.top) for p in out.logprobs])
+            _assert_idle(llm)
+            del llm
+    finally:
+        torch.set_num_threads(old)
+    assert outs["native", 1] == outs["native", 2]  # bit for bit
+    native, torch_path, float_path = outs["native", 1], outs["torch", 1], outs["float", 1]
+    agree, gap = _same_context_gap(native, float_path)
+    assert agree >= 10  # the random tiny model has near ties: a late one may go either way
+    assert gap <= _same_context_gap(torch_path, float_path)[1] + 0.005
+
+
+def _same_context_gap(a, b) -> tuple[int, float]:
+    """(tokens `a` and `b` agree on before they part, the largest difference of their best
+    logprob at each position up to and with the first that differs: the same context)."""
+    tokens_a, tokens_b = a[0], b[0]
+    agree = next((i for i, (x, y) in enumerate(zip(tokens_a, tokens_b)) if x != y), len(tokens_a))
+    best = [[max(lp for _, lp in top) for _, top in out[1]] for out in (a, b)]
+    return agree, max(abs(x - y) for x, y in zip(best[0][: agree + 1], best[1][: agree + 1]))
 
 
 def _int4_projections(model) -> None:
