@@ -6,7 +6,9 @@ words (seeded by `--seed`) sized to roughly `--input-len` tokens, with
 `max_tokens=--output-len`, `ignore_eos: true` and greedy sampling, so every request
 generates exactly `--output-len` tokens (unless the context is shorter). Arrivals are a
 Poisson process of `--request-rate` requests per second (`inf`: all at once), with at most
-`--concurrency` in flight. One request of the same shape goes first, untimed (a warm-up).
+`--concurrency` in flight. One request of the same shape goes first, untimed (a warm-up),
+with a prompt of its own: a server with a prefix cache would otherwise answer the first
+timed request from it (llama.cpp's TTFT was 13 ms for a 158-token prompt that way).
 
 What is measured, per request, on the client's clock:
 - TTFT: from sending the request to the first SSE chunk that carries content;
@@ -185,7 +187,9 @@ async def stream_one(client: httpx.AsyncClient, body: dict) -> RequestResult:
     return res
 
 
-async def run_load(load: Load, model: str, prompts: list[str]) -> tuple[RequestResult, list, float]:
+async def run_load(
+    load: Load, model: str, prompts: list[str], warm_prompt: str
+) -> tuple[RequestResult, list, float]:
     """The warm-up request, then the timed load: (warm-up, results, seconds)."""
     offsets = arrival_offsets(len(prompts), load.request_rate, load.seed)
     limit = load.concurrency or len(prompts)
@@ -196,7 +200,7 @@ async def run_load(load: Load, model: str, prompts: list[str]) -> tuple[RequestR
         timeout=httpx.Timeout(load.timeout, connect=30.0),
         headers=load.headers(),
     ) as client:
-        warm = await stream_one(client, chat_body(model, prompts[0], load.output_len))
+        warm = await stream_one(client, chat_body(model, warm_prompt, load.output_len))
         t0 = time.perf_counter()
 
         async def one(prompt: str, offset: float) -> RequestResult:
@@ -251,9 +255,10 @@ def run(load: Load) -> dict:
         r = httpx.get(f"{load.base_url}/v1/models", headers=load.headers(), timeout=30)
         r.raise_for_status()
         model = r.json()["data"][0]["id"]
-    prompts = make_prompts(load.num_requests, load.input_len, load.seed)
+    prompts = make_prompts(load.num_requests + 1, load.input_len, load.seed)
+    warm_prompt = prompts.pop()  # the timed prompts are the first ones, as before
     before = cpu_snapshot(load.server_pgid)
-    warm, results, duration = asyncio.run(run_load(load, model, prompts))
+    warm, results, duration = asyncio.run(run_load(load, model, prompts, warm_prompt))
     used = cores_used(before, cpu_snapshot(load.server_pgid))  # the warm-up's too: small
     if not warm.ok:
         print(f"note: the warm-up request failed: {warm.error}", file=sys.stderr)
