@@ -242,7 +242,7 @@ def launched_minisgl(model, *flags: str, device: str = "cpu", env=None, timeout=
 
 def engine_record(engine) -> dict:
     """What ran, for a result file: the model folder's name, device, dtype, weights,
-    attention backend, KV pages, CUDA graphs, native batch-1 decode steps (their kernel's
+    attention backend, KV pages, CUDA graphs, native decode steps (their kernel's
     name, or None) and tensor-parallel size of an `Engine`."""
     graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
     native = getattr(engine, "native", None)

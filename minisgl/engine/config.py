@@ -80,11 +80,11 @@ class EngineConfig:
         choices=QUANTIZATIONS,
     )
 
-    # a CPU batch-1 decode step (one request, one token) as one call into C
+    # a CPU decode step (up to 64 requests, one token each) as one call into C
     # (minisgl/models/native.py) where the weights are int4-packed and a C compiler is there
     native_decode: bool = option(
         True,
-        "run batch-1 CPU decode steps on torch operators instead of the native C step",
+        "run CPU decode steps on torch operators instead of the native C step",
         name="--disable-native-decode",
         negate=True,
     )

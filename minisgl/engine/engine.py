@@ -124,17 +124,19 @@ class Engine:
                 self.model_config.vocab_size,
             )
         self.degraded: dict[str, str] = {}  # part -> reason, for each part fallen back from
-        # a CPU batch-1 decode step in one native call (models/native.py), where it can
+        # a CPU decode step in one native call (models/native.py), where it can
         self.native: NativeDecoder | None = None
         if self.device.type == "cpu" and config.native_decode:
-            self.native, why = NativeDecoder.build(self.model, self.pool)
+            self.native, why = NativeDecoder.build(
+                self.model, self.pool, config.max_running_requests
+            )
             if why is not None:
-                logger.info("batch-1 decode steps run on torch: %s", why)
+                logger.info("decode steps run on torch: %s", why)
             elif (why := self.native.disagreement()) is not None:
                 self.native, self.degraded["native decode"] = None, why
-                logger.warning("batch-1 decode steps fall back to torch: %s", why)
+                logger.warning("decode steps fall back to torch: %s", why)
             else:
-                logger.info("batch-1 decode steps run natively (%s kernel)", self.native.kernel)
+                logger.info("decode steps run natively (%s kernel)", self.native.kernel)
         faults.inject(self)  # MINISGL_INJECT_FAULTS (tests of the self-check)
         self.self_check = SelfCheck(self)
         self.self_check.at_startup()  # attention, then the decode graphs' capture
@@ -254,11 +256,14 @@ class Engine:
             inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
             return inputs, runner.run(inputs), None  # its replay marks the forward
         inputs = self.inputs.build(batch)
-        if self.native is not None and _one_decode(batch):
+        if self.native is not None and self.native.takes(batch):  # decodes: one C call
             self.recorder.phase("forward")
-            hidden = self.native.forward(inputs.input_ids, inputs.info)
-            logits = self.native.logits(hidden) if batch.sampling_reqs else None
-            return inputs, logits, None
+            hidden = self.native.forward(inputs.input_ids, inputs.info)  # (B, hidden)
+            if not batch.sampling_reqs:
+                return inputs, None, None
+            if inputs.sample_rows is not None:
+                hidden = hidden[inputs.sample_rows]
+            return inputs, self.native.logits(hidden), None
         ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
         self.recorder.phase("forward")
         hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
@@ -300,11 +305,6 @@ class Engine:
         return StepHandle(host, done, logprobs, scores)
 
     # --8<-- [end:launch]
-
-
-def _one_decode(batch: Batch) -> bool:
-    """One request adding one token, no prompt logprobs: what the native step runs."""
-    return len(batch.reqs) == 1 and batch.reqs[0].extend_len == 1 and not batch.scoring
 
 
 @dataclass

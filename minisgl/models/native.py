@@ -1,23 +1,28 @@
-"""The batch-1 decode step in one native call: the whole model for one token, in C.
+"""A decode step in one native call: the whole model for the step's tokens, in C.
 
 Contract:
-- `NativeDecoder.build(model, pool)` returns `(decoder, None)`, or `(None, reason)` where
-  this model, machine or pool cannot take the native path (no C compiler, weights that are
-  not all int4-packed, tensor parallelism, a KV pool that is not float32 on the CPU, a torch
-  whose int4 packing is not blocked by rows...). Nothing else changes in that case: the
-  torch path runs every step, as it does every step the native one does not take.
-- `decoder.forward(input_ids, info)` runs one decode token of one request (the step's
-  `ForwardInfo`): it stores the token's K/V in every layer of `pool` and returns the final
-  hidden state (1, hidden), as `CausalLM.forward` would. `decoder.logits(hidden)` returns
-  the LM head's (1, vocab) float32 logits.
+- `NativeDecoder.build(model, pool, max_batch)` returns `(decoder, None)`, or `(None,
+  reason)` where this model, machine or pool cannot take the native path (no C compiler,
+  weights that are not all int4-packed, tensor parallelism, a KV pool that is not float32
+  on the CPU, a torch whose int4 packing is not blocked by rows...). Nothing else changes
+  in that case: the torch path runs every step, as it does every step the native one does
+  not take (`decoder.takes(batch)`: decode tokens only, no prompt logprobs, at most
+  `decoder.max_batch`, MAX_BATCH or fewer).
+- `decoder.forward(input_ids, info)` runs one decode token of each of the step's B
+  requests (its `ForwardInfo`): it stores the tokens' K/V in every layer of `pool` and
+  returns the final hidden states (B, hidden), as `CausalLM.forward` would.
+  `decoder.logits(hidden)` returns the LM head's (R, vocab) float32 logits of R rows.
 - The weights are read where torch keeps them (`Int4Linear.packed`, `.scale_zeros`): the
-  decoder owns only a few rows of scratch.
+  decoder owns only a few rows of scratch per token.
+- A token's results are the same alone or in a batch, on any thread count: every output is
+  summed in an order fixed by the shapes (native_gemv.h, native_attention.h).
 
 Why: a batch-1 step of the embedded 30-layer model is about 2,000 torch operators, which
 on a 2-core VM cost two thirds of the step in dispatch and Python, not in arithmetic:
 torch's int4 kernel itself was 11 ms of a 35 ms step. In C the same step is one call; the
-weights are still streamed once, as they must be. What a step costs then is the weights'
-bytes and the attention over the context: the matrix-vector kernel takes four inputs per
+weights are still streamed once, as they must be, and in a batch each block of them is
+read from memory once for all the tokens. What a step costs then is the weights' bytes,
+the arithmetic on them, and the attention over each context: the matrix-vector kernel takes four inputs per
 instruction where the CPU has AVX-512 VBMI and VNNI, and the attention reads each key and
 value row once for every head (native_gemv.h, native_attention.h).
 
@@ -102,6 +107,7 @@ class _Model(ctypes.Structure):
             "inter",
             "page_size",
             "block",
+            "max_batch",
         )  # fmt: skip
     ] + [
         ("eps", ctypes.c_float),
@@ -117,7 +123,11 @@ class _Model(ctypes.Structure):
 
 
 class _Step(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_void_p) for name in ("x", "pos", "slot", "pages", "seq_len")]
+    _fields_ = [
+        *((name, ctypes.c_void_p) for name in ("x", "pos", "slot", "pages", "seq_len")),
+        ("batch", ctypes.c_int32),
+        ("page_stride", ctypes.c_int32),
+    ]
 
 
 _library: ctypes.CDLL | str | None = None  # the loaded library, or why there is none
@@ -180,10 +190,10 @@ def _load(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     lib.minisgl_decode.argtypes = [ctypes.POINTER(_Model), ctypes.POINTER(_Step)]
     lib.minisgl_decode.restype = None
-    lib.minisgl_gemv.argtypes = [
-        ctypes.POINTER(_Weight), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32
+    lib.minisgl_gemm.argtypes = [
+        ctypes.POINTER(_Weight), ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32
     ]  # fmt: skip
-    lib.minisgl_gemv.restype = None
+    lib.minisgl_gemm.restype = ctypes.c_int32
     lib.minisgl_work_floats.argtypes = [ctypes.POINTER(_Model)]
     lib.minisgl_work_floats.restype = ctypes.c_int64
     lib.minisgl_gemv_kernel.argtypes = []
@@ -197,9 +207,14 @@ def kernel_name(lib: ctypes.CDLL) -> str:
     return lib.minisgl_gemv_kernel().decode()
 
 
+MAX_BATCH = 64  # the most decode tokens a native step takes (its scratch is sized for them)
+
+
 class NativeDecoder:
-    def __init__(self, lib: ctypes.CDLL, model: nn.Module, pool, block: int) -> None:
-        self.lib, self.model, self.block = lib, model, block
+    def __init__(
+        self, lib: ctypes.CDLL, model: nn.Module, pool, block: int, max_batch: int = MAX_BATCH
+    ) -> None:
+        self.lib, self.model, self.block, self.max_batch = lib, model, block, max_batch
         self.kernel = kernel_name(lib)
         c, inner = model.config, model.model
         self._keep: list[torch.Tensor] = []  # tensors whose pointers the structs hold
@@ -220,14 +235,14 @@ class NativeDecoder:
         rotary = inner.rotary
         self._model = _Model(
             c.num_layers, c.hidden_size, model.num_heads, model.num_kv_heads, c.head_dim,
-            c.intermediate_size, pool.page_size, block, c.rms_norm_eps, layers,
+            c.intermediate_size, pool.page_size, block, max_batch, c.rms_norm_eps, layers,
             self._f32(inner.norm.weight), pool.k.data_ptr(), pool.v.data_ptr(),
             pool.k.shape[1], self._f32(rotary.cos), self._f32(rotary.sin), None,
         )  # fmt: skip
         self.work = torch.empty(lib.minisgl_work_floats(ctypes.byref(self._model)))
         self._model.work = self.work.data_ptr()
         self.lm_head = self._weight(model.lm_head)
-        self.hidden = torch.empty(1, c.hidden_size)
+        self.hidden = torch.empty(max_batch, c.hidden_size)
         self._step = _Step()
         self._step_ref, self._model_ref = ctypes.byref(self._step), ctypes.byref(self._model)
 
@@ -242,8 +257,11 @@ class NativeDecoder:
         return w
 
     @classmethod
-    def build(cls, model: nn.Module, pool) -> tuple[NativeDecoder | None, str | None]:
-        """The decoder, or None and why this model or machine takes the torch path."""
+    def build(
+        cls, model: nn.Module, pool, max_batch: int = MAX_BATCH
+    ) -> tuple[NativeDecoder | None, str | None]:
+        """The decoder for steps of up to `max_batch` decode tokens, or None and why this
+        model or machine takes the torch path."""
         why = _unsupported(model, pool)
         if why is None:
             block, paired = _LAYOUT._find()
@@ -254,7 +272,7 @@ class NativeDecoder:
         lib = library()
         if isinstance(lib, str):
             return None, lib
-        return cls(lib, model, pool, block), None
+        return cls(lib, model, pool, block, min(max_batch, MAX_BATCH)), None
 
     def disagreement(self) -> str | None:
         """The start-up check: the native kernel against torch's on the first layer's q/k/v
@@ -265,7 +283,7 @@ class NativeDecoder:
         x = torch.randn(self.model.config.hidden_size, generator=gen)
         for lin in (self.model.model.layers[0].self_attn.qkv_proj, self.model.lm_head):
             want = lin(x[None])[0]
-            err = (gemv(lin, x, self.lib, self.block) - want).abs().max().item()
+            err = (matmul(lin, x, self.lib, self.block) - want).abs().max().item()
             if not err <= 0.02 * want.abs().max().item():  # NaN fails too
                 return (
                     f"the native kernel disagrees with torch's on {lin.extra_repr()}: "
@@ -273,24 +291,38 @@ class NativeDecoder:
                 )
         return None
 
+    def takes(self, batch) -> bool:
+        """Whether the step of `batch` runs natively: decode tokens only (one each), no
+        prompt logprobs, at most `max_batch` of them."""
+        return batch.is_decode and not batch.scoring and len(batch.reqs) <= self.max_batch
+
     def forward(self, input_ids: torch.Tensor, info) -> torch.Tensor:
-        """One decode token of one request: (1,) ids -> (1, hidden) final hidden state."""
-        x = self.hidden
+        """One decode token of each of B requests (the step's `ForwardInfo`): (B,) ids ->
+        (B, hidden) final hidden states."""
+        B = input_ids.shape[0]
+        x = self.hidden[:B]
         x.copy_(self.model.model.embed_tokens(input_ids))
+        pages = info.block_table.contiguous()
+        inputs = (info.positions, info.out_slots, info.seq_lens)
+        assert all(t.is_contiguous() for t in inputs)
         s = self._step
         s.x, s.pos, s.slot = x.data_ptr(), info.positions.data_ptr(), info.out_slots.data_ptr()
-        s.pages, s.seq_len = info.block_table.data_ptr(), info.seq_lens.data_ptr()
+        s.pages, s.seq_len = pages.data_ptr(), info.seq_lens.data_ptr()
+        s.batch, s.page_stride = B, pages.shape[1]
         self.lib.minisgl_decode(self._model_ref, self._step_ref)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(1, hidden) -> (1, vocab) float32, from the LM head's packed weights."""
-        out = torch.empty(1, self.lm_head.n)
+        """(R, hidden) -> (R, vocab) float32, from the LM head's packed weights."""
         hidden = hidden.contiguous()
-        self.lib.minisgl_gemv(
-            ctypes.byref(self.lm_head), hidden.data_ptr(), out.data_ptr(), self.block
-        )
+        out = torch.empty(hidden.shape[0], self.lm_head.n)
+        _gemm(self.lib, self.lm_head, hidden, out, self.block)
         return out[:, : self.model.config.vocab_size]
+
+
+def _gemm(lib: ctypes.CDLL, w: _Weight, x: torch.Tensor, out: torch.Tensor, block: int) -> None:
+    if lib.minisgl_gemm(ctypes.byref(w), x.data_ptr(), x.shape[0], out.data_ptr(), block):
+        raise MemoryError(f"no memory for the native kernel's scratch ({x.shape[0]} rows)")
 
 
 def weight_struct(lin: Int4Linear) -> tuple[_Weight, list[torch.Tensor]]:
@@ -308,18 +340,19 @@ def weight_struct(lin: Int4Linear) -> tuple[_Weight, list[torch.Tensor]]:
     return w, keep
 
 
-def gemv(lin, x: torch.Tensor, lib: ctypes.CDLL | None = None, block: int | None = None):
-    """x (K,) float32 -> x @ w.T (+ bias), (N,), by the native kernel (tests, benchmarks).
-    `lin`: an `Int4Linear`, or anything with its packed buffers laid out in `block`s of
-    rows (default: torch's own block); `lib`: another build of the library."""
+def matmul(lin, x: torch.Tensor, lib: ctypes.CDLL | None = None, block: int | None = None):
+    """x (K,) or (M, K) -> x @ w.T (+ bias), (N,) or (M, N) float32, by the native kernel
+    (tests, benchmarks, the start-up check). `lin`: an `Int4Linear`, or anything with its
+    packed buffers laid out in `block`s of rows (default: torch's own block); `lib`: another
+    build of the library."""
     lib = lib or library()
     if isinstance(lib, str):
         raise RuntimeError(lib)
     w, _keep = weight_struct(lin)
-    x = x.float().contiguous()
-    y = torch.empty(lin.out_features)
-    lib.minisgl_gemv(ctypes.byref(w), x.data_ptr(), y.data_ptr(), block or _LAYOUT._find()[0])
-    return y
+    rows = x.float().reshape(-1, lin.in_features).contiguous()
+    y = torch.empty(rows.shape[0], lin.out_features)
+    _gemm(lib, w, rows, y, block or _LAYOUT._find()[0])
+    return y.view(*x.shape[:-1], lin.out_features)
 
 
 def _unsupported(model: nn.Module, pool) -> str | None:

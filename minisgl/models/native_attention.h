@@ -1,20 +1,21 @@
-/* Attention of one decode token over its request's keys, read page by page from the KV
-   pool. Included once, by native_decode.c (after its `Model`), which compiles everything as
-   one unit.
+/* Attention of decode tokens, each over its own request's keys, read page by page from the
+   KV pool. Included once, by native_decode.c (after its `Model`), which compiles
+   everything as one unit.
 
-   Contract: `attend(m, layer, q, out, pages, len, part)` writes softmax(q k / sqrt(d)) v for
-   every query head (q and out: heads x head_dim floats; a query head h reads KV head
-   h / (heads / kv_heads)) over the first `len` positions of the block table `pages`, in
-   `layer` of the pool. `part` is scratch of attend_floats(m) floats. The result does not
-   depend on the thread count.
+   Contract: `attend(m, layer, batch, q, .., out, .., pages, .., lens, part)` writes, for
+   each of `batch` decode tokens, softmax(q k / sqrt(d)) v for every query head (q and out:
+   heads x head_dim floats; a query head h reads KV head h / (heads / kv_heads)) over the
+   first lens[b] positions of its block table row, in `layer` of the pool. `part` is
+   scratch of batch x attend_floats(m) floats. A token's result depends on neither the
+   thread count nor the other tokens.
 
-   The shape of the work: positions are cut into up to SPLIT runs (split-K, as GPU decode
-   kernels do) shared out over the threads, each run's partial softmax merged after; in a
-   run, TILE positions at a time, one pass over the keys for the scores, one over the
-   values. A position's keys for every KV head are one row of the pool, contiguous with the
-   next position's within a page, so memory is read in order. The loops over scores are
-   written out in AVX-512 where the CPU has it (compilers leave them scalar: the plain C
-   versions below are several times slower). */
+   The shape of the work: each token's positions are cut into up to SPLIT runs (split-K, as
+   GPU decode kernels do), all shared out over the threads, each run's partial softmax
+   merged after; in a run, TILE positions at a time, one pass over the keys for the scores,
+   one over the values. A position's keys for every KV head are one row of the pool,
+   contiguous with the next position's within a page, so memory is read in order. The
+   loops over scores are written out in AVX-512 where the CPU has it (compilers leave them
+   scalar: the plain C versions below are several times slower). */
 
 /* exp(x) for x <= 0, in a form compilers vectorize (libm's expf is a call per value):
    2^(x log2 e) as 2^n times a degree-7 polynomial of 2^f, f in [-1/2, 1/2] (relative error
@@ -188,50 +189,68 @@ static void attend_run(const Model *m, int layer, const float *q, const int32_t 
     }
 }
 
-/* Attention of every query head over the request's first `len` keys, into `out` (heads x
-   head_dim). The positions are cut into up to SPLIT runs (split-K, as GPU decode kernels
-   do), shared out over the threads; each run's (best, total, acc) is then merged. The runs'
-   bounds depend on `len` alone, never on the thread count, so the result is the same on
-   any number of threads. */
+/* Attention of a batch of decode tokens, each over its own request's keys: for token b,
+   every query head of q + b q_stride over the first lens[b] positions of the block table
+   row pages + b page_stride, into out + b out_stride (heads x head_dim). Each token's
+   positions are cut into up to SPLIT runs (split-K, as GPU decode kernels do); all the
+   tokens' runs are shared out over the threads together, and each token's are then merged.
+   A run's bounds depend on its token's length alone, never on the thread count or the other
+   tokens, so a token's result is the same on any number of threads, alone or in a batch. */
 #define SPLIT 4    /* runs: shared out evenly over 1, 2 or 4 threads */
 #define MIN_RUN 32 /* fewer positions per run than this and the runs are fewer */
 
-/* floats of scratch `attend` needs: per run, each head's acc, best and total */
+/* floats of scratch `attend` needs per token: per run, each head's acc, best and total */
 static int64_t attend_floats(const Model *m)
 {
     return (int64_t)SPLIT * m->heads * (m->head_dim + 2);
 }
 
-static void attend(const Model *m, int layer, const float *q, float *out, const int32_t *pages,
-                   int len, float *part)
+static inline int runs_of(int len)
 {
-    const int d = m->head_dim, H = m->heads;
-    int runs = (len + MIN_RUN - 1) / MIN_RUN;
-    runs = runs < SPLIT ? runs : SPLIT;
-    const int per = (len + runs - 1) / runs;
-    const size_t stride = (size_t)H * (d + 2); /* one run's part: acc, best, total */
-#pragma omp parallel for schedule(static)
-    for (int r = 0; r < runs; r++) {
-        const int p0 = r * per < len ? r * per : len, p1 = p0 + per < len ? p0 + per : len;
-        float *at = part + (size_t)r * stride;
-        attend_run(m, layer, q, pages, p0, p1, at, at + H * d, at + H * d + H);
-    }
-    for (int h = 0; h < H; h++) {
-        float top = -INFINITY, total = 0.0f, *o = out + (size_t)h * d;
-        for (int r = 0; r < runs; r++)
-            top = fmaxf(top, part[(size_t)r * stride + H * d + h]);
-        memset(o, 0, sizeof(float) * d);
-        for (int r = 0; r < runs; r++) {
-            const float *at = part + (size_t)r * stride;
-            if (at[H * d + H + h] == 0.0f) /* an empty run */
-                continue;
-            const float c = exp_nonpos(at[H * d + h] - top);
-            total += c * at[H * d + H + h];
-            for (int i = 0; i < d; i++)
-                o[i] += c * at[(size_t)h * d + i];
-        }
-        for (int i = 0; i < d; i++)
-            o[i] /= total;
-    }
+    const int runs = (len + MIN_RUN - 1) / MIN_RUN;
+    return runs < SPLIT ? runs : SPLIT;
 }
 
+static void attend(const Model *m, int layer, int batch, const float *q, size_t q_stride,
+                   float *out, size_t out_stride, const int32_t *pages, size_t page_stride,
+                   const int32_t *lens, float *part)
+{
+    const int d = m->head_dim, H = m->heads;
+    const size_t stride = (size_t)H * (d + 2); /* one run's part: acc, best, total */
+    int items = 0, item_token[batch * SPLIT], item_run[batch * SPLIT];
+    for (int b = 0; b < batch; b++)
+        for (int r = 0; r < runs_of(lens[b]); r++, items++) {
+            item_token[items] = b;
+            item_run[items] = r;
+        }
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < items; i++) {
+        const int b = item_token[i], r = item_run[i], len = lens[b];
+        const int per = (len + runs_of(len) - 1) / runs_of(len);
+        const int p0 = r * per < len ? r * per : len, p1 = p0 + per < len ? p0 + per : len;
+        float *at = part + ((size_t)b * SPLIT + r) * stride;
+        attend_run(m, layer, q + b * q_stride, pages + b * page_stride, p0, p1, at, at + H * d,
+                   at + H * d + H);
+    }
+    for (int b = 0; b < batch; b++) {
+        const float *token_part = part + (size_t)b * SPLIT * stride;
+        const int runs = runs_of(lens[b]);
+        for (int h = 0; h < H; h++) {
+            float top = -INFINITY, total = 0.0f, *o = out + b * out_stride + (size_t)h * d;
+            for (int r = 0; r < runs; r++)
+                top = fmaxf(top, token_part[(size_t)r * stride + H * d + h]);
+            memset(o, 0, sizeof(float) * d);
+            for (int r = 0; r < runs; r++) {
+                const float *at = token_part + (size_t)r * stride;
+                if (at[H * d + H + h] == 0.0f) /* an empty run */
+                    continue;
+                const float c = exp_nonpos(at[H * d + h] - top);
+                total += c * at[H * d + H + h];
+                for (int i = 0; i < d; i++)
+                    o[i] += c * at[(size_t)h * d + i];
+            }
+            for (int i = 0; i < d; i++)
+                o[i] /= total;
+        }
+    }
+}

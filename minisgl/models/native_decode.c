@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -43,6 +44,7 @@ typedef struct {
 
 typedef struct {
     int32_t num_layers, hidden, heads, kv_heads, head_dim, inter, page_size, block;
+    int32_t max_batch; /* the most tokens a step takes: what `work` is sized for */
     float eps;
     const Layer *layers;
     const float *norm;       /* the final RMSNorm's weight */
@@ -53,19 +55,27 @@ typedef struct {
 } Model;
 
 typedef struct {
-    float *x;              /* (hidden,) in: the embedding; out: the final hidden state */
-    const int64_t *pos;    /* the token's position */
-    const int64_t *slot;   /* the pool slot its K/V goes to */
-    const int32_t *pages;  /* the request's block table row */
-    const int32_t *seq_len; /* keys after this step, this token's included */
+    float *x;               /* (batch, hidden) in: the embeddings; out: the final hidden states */
+    const int64_t *pos;     /* (batch,) each token's position */
+    const int64_t *slot;    /* (batch,) the pool slot its K/V goes to */
+    const int32_t *pages;   /* (batch, page_stride) each token's request's block table row */
+    const int32_t *seq_len; /* (batch,) keys after this step, the token's own included */
+    int32_t batch, page_stride;
 } Step;
 
 #include "native_gemv.h"
 #include "native_attention.h"
 
-void minisgl_gemv(const Weight *w, const float *x, float *y, int32_t block)
+/* y = x @ w.T (+ bias) for m rows (x: (m, k), y: (m, n)): the LM head, outside the step so
+   that the logits come back to Python like the torch path's. 0, or -1 without memory. */
+int32_t minisgl_gemm(const Weight *w, const float *x, int32_t m, float *y, int32_t block)
 {
-    gemv(w, x, y, block);
+    void *scratch = malloc(gemm_scratch(m, w->k) * 4);
+    if (scratch == NULL)
+        return -1;
+    gemm(w, x, m, w->k, y, w->n, block, scratch);
+    free(scratch);
+    return 0;
 }
 
 const char *minisgl_gemv_kernel(void) { return GEMV_KERNEL; }
@@ -103,52 +113,88 @@ static void silu_mul(const float *gate, const float *up, float *out, int n)
     }
 }
 
-/* floats of scratch a step needs */
+/* The widths of a token's rows of scratch in a step, in the order they lie in `work` */
+enum { XN, QKV, ATT, GU, ACT, OUT, PART, ROWS };
+
+static void row_widths(const Model *m, int64_t width[ROWS])
+{
+    width[XN] = m->hidden;                                           /* a block's normed input */
+    width[QKV] = (int64_t)(m->heads + 2 * m->kv_heads) * m->head_dim; /* q, k, v heads */
+    width[ATT] = (int64_t)m->heads * m->head_dim;                    /* attention's output */
+    width[GU] = 2 * (int64_t)m->inter;                               /* gate, then up */
+    width[ACT] = m->inter;                                           /* silu(gate) * up */
+    width[OUT] = m->hidden;                                          /* a projection's output */
+    width[PART] = attend_floats(m);                                  /* attention's runs */
+}
+
+static int max_inputs(const Model *m)
+{
+    const int hd = m->heads * m->head_dim, k = m->hidden > m->inter ? m->hidden : m->inter;
+    return k > hd ? k : hd;
+}
+
+/* floats of scratch a step of up to max_batch tokens needs */
 int64_t minisgl_work_floats(const Model *m)
 {
-    const int64_t qkv = (int64_t)(m->heads + 2 * m->kv_heads) * m->head_dim;
-    return m->hidden + qkv + (int64_t)m->heads * m->head_dim + 2 * (int64_t)m->inter +
-           m->inter + m->hidden + attend_floats(m);
+    int64_t width[ROWS], total = 0;
+    row_widths(m, width);
+    for (int i = 0; i < ROWS; i++)
+        total += width[i] * m->max_batch;
+    return total + (int64_t)gemm_scratch(m->max_batch, max_inputs(m));
+}
+
+/* the step's tokens, one after another, in place: y = x / rms(x) * weight */
+static void rms_norm_rows(const float *x, const float *weight, float *y, int batch, int n,
+                          size_t ldx, size_t ldy, float eps)
+{
+    for (int b = 0; b < batch; b++)
+        rms_norm(x + b * ldx, weight, y + b * ldy, n, eps);
 }
 
 void minisgl_decode(const Model *m, const Step *step)
 {
     const int H = m->heads, Hkv = m->kv_heads, D = m->head_dim, hidden = m->hidden;
-    const int len = *step->seq_len;
-    const int64_t slot = *step->slot;
-    const float *cos = m->cos + *step->pos * D, *sin = m->sin + *step->pos * D;
-    float *x = step->x;
-    float *xn = m->work;                   /* (hidden,) normed input of a block */
-    float *qkv = xn + hidden;              /* q heads, then k heads, then v heads */
-    float *att = qkv + (H + 2 * Hkv) * D;  /* (H * D,) attention output */
-    float *gu = att + H * D;               /* (2 * inter,) gate, then up */
-    float *act = gu + 2 * m->inter;        /* (inter,) silu(gate) * up */
-    float *out = act + m->inter;           /* (hidden,) a block's output */
-    float *part = out + hidden;            /* attention's parts before they are merged */
+    const int B = step->batch;
+    int64_t width[ROWS];
+    row_widths(m, width);
+    float *row[ROWS], *at = m->work; /* each: (B, width) */
+    for (int i = 0; i < ROWS; i++) {
+        row[i] = at;
+        at += width[i] * m->max_batch;
+    }
+    void *scratch = at; /* the projections' quantized inputs */
+    float *x = step->x, *xn = row[XN], *qkv = row[QKV], *att = row[ATT], *gu = row[GU];
+    float *act = row[ACT], *out = row[OUT];
     const size_t kv_row = (size_t)Hkv * D;
     for (int l = 0; l < m->num_layers; l++) {
         const Layer *L = &m->layers[l];
-        rms_norm(x, L->ln1, xn, hidden, m->eps);
-        gemv(&L->qkv, xn, qkv, m->block);
-        float *q = qkv, *k = qkv + H * D, *v = k + Hkv * D;
-        for (int h = 0; h < H + Hkv; h++) { /* q's heads then k's: contiguous */
-            if (L->q_norm)
-                rms_norm(q + h * D, h < H ? L->q_norm : L->k_norm, q + h * D, D, m->eps);
-            rotate(q + h * D, cos, sin, D);
+        rms_norm_rows(x, L->ln1, xn, B, hidden, hidden, hidden, m->eps);
+        gemm(&L->qkv, xn, B, hidden, qkv, width[QKV], m->block, scratch);
+        for (int b = 0; b < B; b++) {
+            float *q = qkv + b * width[QKV], *k = q + H * D, *v = k + Hkv * D;
+            const float *cos = m->cos + step->pos[b] * D, *sin = m->sin + step->pos[b] * D;
+            for (int h = 0; h < H + Hkv; h++) { /* q's heads then k's: contiguous */
+                if (L->q_norm)
+                    rms_norm(q + h * D, h < H ? L->q_norm : L->k_norm, q + h * D, D, m->eps);
+                rotate(q + h * D, cos, sin, D);
+            }
+            const size_t to = ((size_t)l * m->slots + step->slot[b]) * kv_row;
+            memcpy(m->k_cache + to, k, kv_row * sizeof(float));
+            memcpy(m->v_cache + to, v, kv_row * sizeof(float));
         }
-        const size_t at = ((size_t)l * m->slots + slot) * kv_row;
-        memcpy(m->k_cache + at, k, kv_row * sizeof(float));
-        memcpy(m->v_cache + at, v, kv_row * sizeof(float));
-        attend(m, l, q, att, step->pages, len, part);
-        gemv(&L->o, att, out, m->block);
-        for (int i = 0; i < hidden; i++)
+        attend(m, l, B, qkv, width[QKV], att, width[ATT], step->pages, step->page_stride,
+               step->seq_len, row[PART]);
+        gemm(&L->o, att, B, width[ATT], out, hidden, m->block, scratch);
+        for (int i = 0; i < B * hidden; i++)
             x[i] += out[i];
-        rms_norm(x, L->ln2, xn, hidden, m->eps);
-        gemv(&L->gate_up, xn, gu, m->block);
-        silu_mul(gu, gu + m->inter, act, m->inter);
-        gemv(&L->down, act, out, m->block);
-        for (int i = 0; i < hidden; i++)
+        rms_norm_rows(x, L->ln2, xn, B, hidden, hidden, hidden, m->eps);
+        gemm(&L->gate_up, xn, B, hidden, gu, width[GU], m->block, scratch);
+        for (int b = 0; b < B; b++)
+            silu_mul(gu + b * width[GU], gu + b * width[GU] + m->inter, act + b * width[ACT],
+                     m->inter);
+        gemm(&L->down, act, B, width[ACT], out, hidden, m->block, scratch);
+        for (int i = 0; i < B * hidden; i++)
             x[i] += out[i];
     }
-    rms_norm(x, m->norm, x, hidden, m->eps);
+    rms_norm_rows(x, m->norm, x, B, hidden, hidden, hidden, m->eps);
 }

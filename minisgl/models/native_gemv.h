@@ -2,9 +2,11 @@
    native_decode.c (after its `Weight` and GROUP), which compiles everything as one unit.
 
    Contract:
-   - `gemv(w, x, y, block)`: y (w->n floats) = x (w->k floats) @ w.T (+ bias). Output rows
-     are split over OpenMP threads in blocks; each row is summed by one thread in a fixed
-     order, so the result does not depend on the thread count.
+   - `gemm(w, x, m, ldx, y, ldy, block, scratch)`: for each of m rows, y (w->n floats) =
+     x (w->k floats) @ w.T (+ bias), with gemm_scratch(m, k) words of scratch. Output rows
+     are split over OpenMP threads in blocks; each output is summed by one thread in a fixed
+     order, whatever the thread count and whatever the other rows: a row's result is the
+     same alone or in a batch.
    - The layout is torch's CPU int4 kernel's (aten._weight_int4pack_mm_for_cpu): blocks of
      `block` output rows (64 where torch was built for AVX-512, 32 for AVX2); within a
      block, for every input k, block / 2 bytes whose low nibble is row j's code and high
@@ -70,8 +72,10 @@ static inline void store_rows64(const Weight *w, const __m512 acc[4], int nb, fl
    four codes; a high nibble stays in place (16 times its code), the 16 comes out with the
    scale. `xq4`: per four inputs, their xh bytes as one int32, then their xl bytes. */
 #define GEMV_KERNEL "quads"
-static void block64(const Weight *w, const int32_t *xq4, const float *dx, const float *xsum,
-                    int nb, float *y)
+#define ROWS64 2 /* x rows a call takes: the permuted codes serve both (registers allow 2) */
+static inline __attribute__((always_inline)) void
+block64_rows(const Weight *w, const int32_t *const *xq4, const float *const *dx,
+             const float *const *xsum, int nb, float *const *y, const int rows)
 {
     const int groups = w->kp / GROUP, x_groups = w->k / GROUP;
     const uint8_t *codes = w->packed + (size_t)nb * w->kp * 32;
@@ -86,37 +90,57 @@ static void block64(const Weight *w, const int32_t *xq4, const float *dx, const 
                 at[4 * j + t] = (uint8_t)(32 * t + j + 16 * half);
         index[half] = _mm512_loadu_si512(at);
     }
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                     _mm512_setzero_ps()};
+    __m512 acc[ROWS64][4];
+    for (int m = 0; m < rows; m++)
+        for (int r = 0; r < 4; r++)
+            acc[m][r] = _mm512_setzero_ps();
     for (int g = 0; g < groups; g++) {
         const int gx = g % x_groups; /* 8-bit: x again */
-        const int32_t *x4 = xq4 + (size_t)gx * GROUP / 2;
         const uint8_t *b = codes + (size_t)g * GROUP * 32;
-        /* rows 0-15, 16-31 (low nibbles), 32-47, 48-63 (high); xh's sums, then xl's */
-        __m512i sh[4], sl[4];
-        for (int r = 0; r < 4; r++)
-            sh[r] = sl[r] = _mm512_setzero_si512();
+        /* per x row, rows 0-15, 16-31 (low nibbles), 32-47, 48-63 (high) of the block;
+           xh's sums, then xl's */
+        __m512i sh[ROWS64][4], sl[ROWS64][4];
+        for (int m = 0; m < rows; m++)
+            for (int r = 0; r < 4; r++)
+                sh[m][r] = sl[m][r] = _mm512_setzero_si512();
         for (int i = 0; i < GROUP / 4; i++, b += 128) { /* inputs 4i .. 4i + 3 */
             const __m512i z0 = _mm512_loadu_si512(b), z1 = _mm512_loadu_si512(b + 64);
             const __m512i a = _mm512_permutex2var_epi8(z0, index[0], z1);
             const __m512i c = _mm512_permutex2var_epi8(z0, index[1], z1);
-            const __m512i rows[4] = {_mm512_and_si512(a, low), _mm512_and_si512(c, low),
-                                     _mm512_and_si512(a, high), _mm512_and_si512(c, high)};
-            const __m512i vh = _mm512_set1_epi32(x4[2 * i]), vl = _mm512_set1_epi32(x4[2 * i + 1]);
-            for (int r = 0; r < 4; r++) {
-                sh[r] = _mm512_dpbusd_epi32(sh[r], rows[r], vh);
-                sl[r] = _mm512_dpbusd_epi32(sl[r], rows[r], vl);
+            const __m512i codes4[4] = {_mm512_and_si512(a, low), _mm512_and_si512(c, low),
+                                       _mm512_and_si512(a, high), _mm512_and_si512(c, high)};
+            for (int m = 0; m < rows; m++) {
+                const int32_t *x4 = xq4[m] + (size_t)gx * GROUP / 2 + 2 * i;
+                const __m512i vh = _mm512_set1_epi32(x4[0]), vl = _mm512_set1_epi32(x4[1]);
+                for (int r = 0; r < 4; r++) {
+                    sh[m][r] = _mm512_dpbusd_epi32(sh[m][r], codes4[r], vh);
+                    sl[m][r] = _mm512_dpbusd_epi32(sl[m][r], codes4[r], vl);
+                }
             }
         }
-        __m512 part[4], step[4];
-        for (int r = 0; r < 4; r++) {
-            part[r] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(sh[r], 7), sl[r]));
-            step[r] = _mm512_set1_ps(r < 2 ? dx[gx] : dx[gx] / 16.0f);
+        const uint16_t *sz = w->sz + ((size_t)g * w->n_pad + (size_t)nb * 64) * 2;
+        for (int m = 0; m < rows; m++) {
+            __m512 part[4], step[4];
+            for (int r = 0; r < 4; r++) {
+                part[r] = _mm512_cvtepi32_ps(
+                    _mm512_add_epi32(_mm512_slli_epi32(sh[m][r], 7), sl[m][r]));
+                step[r] = _mm512_set1_ps(r < 2 ? dx[m][gx] : dx[m][gx] / 16.0f);
+            }
+            apply_scales(acc[m], part, sz, step, xsum[m][gx]);
         }
-        apply_scales(acc, part, w->sz + ((size_t)g * w->n_pad + (size_t)nb * 64) * 2, step,
-                     xsum[gx]);
     }
-    store_rows64(w, acc, nb, y);
+    for (int m = 0; m < rows; m++)
+        store_rows64(w, acc[m], nb, y[m]);
+}
+
+/* Rows [64 nb, 64 nb + 64) of y[m] = x[m] @ w.T for `rows` x rows (ROWS64 at most) */
+static void block64(const Weight *w, const int32_t *const *xq4, const float *const *dx,
+                    const float *const *xsum, int nb, float *const *y, int rows)
+{
+    if (rows == 2)
+        block64_rows(w, xq4, dx, xsum, nb, y, 2);
+    else
+        block64_rows(w, xq4, dx, xsum, nb, y, 1);
 }
 
 /* x's integers as the quads kernel reads them */
@@ -148,8 +172,8 @@ static inline __m512i dot_pairs(__m512i acc, __m512i a, __m512i b)
 #endif
 }
 
-static void block64(const Weight *w, const int32_t *xq2, const float *dx, const float *xsum,
-                    int nb, float *y)
+static void block64_row(const Weight *w, const int32_t *xq2, const float *dx,
+                        const float *xsum, int nb, float *y)
 {
     const int groups = w->kp / GROUP, x_groups = w->k / GROUP;
     const uint8_t *codes = w->packed + (size_t)nb * w->kp * 32;
@@ -188,6 +212,14 @@ static void block64(const Weight *w, const int32_t *xq2, const float *dx, const 
                      xsum[gx]);
     }
     store_rows64(w, acc, nb, y);
+}
+
+#define ROWS64 1
+static void block64(const Weight *w, const int32_t *const *xq2, const float *const *dx,
+                    const float *const *xsum, int nb, float *const *y, int rows)
+{
+    (void)rows; /* ROWS64: one */
+    block64_row(w, xq2[0], dx[0], xsum[0], nb, y[0]);
 }
 
 /* x's integers as the pairs kernel reads them: the int16s themselves, two to an int32 */
@@ -278,46 +310,71 @@ static void block_c(const Weight *w, const float *x, const float *xsum, int nb, 
         y[first + j] = acc[j] + (w->bias ? w->bias[first + j] : 0.0f);
 }
 
-static void gemv(const Weight *w, const float *x, float *y, int block)
+/* Scratch `gemm` needs for m rows of k inputs, in 4-byte words: per row, the sums and steps
+   of its groups and its integers packed two or four to a word */
+static inline size_t gemm_scratch(int m, int k) { return (size_t)m * (k / 2 + 2 * (k / GROUP)); }
+
+/* y[r] = x[r] @ w.T (+ bias) for m rows (x: row r at x + r ldx, y: at y + r ldy). Each block
+   of output rows goes to one thread, which runs it for every row in turn: the block's codes
+   (kp x 32 bytes) are read from memory once, then from the core's cache. */
+static void gemm(const Weight *w, const float *x, int m, size_t ldx, float *y, size_t ldy,
+                 int block, void *scratch)
 {
     const int x_groups = w->k / GROUP, blocks = w->n_pad / block;
-    float xsum[x_groups];
-    for (int g = 0; g < x_groups; g++) {
-        float s = 0.0f;
-        for (int i = 0; i < GROUP; i++)
-            s += x[g * GROUP + i];
-        xsum[g] = s;
-    }
+    float *xsum = scratch, *dx = xsum + (size_t)m * x_groups;
+    for (int r = 0; r < m; r++)
+        for (int g = 0; g < x_groups; g++) {
+            const float *xg = x + r * ldx + (size_t)g * GROUP;
+            float s = 0.0f;
+            for (int i = 0; i < GROUP; i++)
+                s += xg[i];
+            xsum[(size_t)r * x_groups + g] = s;
+        }
 #if defined(__AVX512F__) && defined(__AVX512BW__)
     if (block == 64) { /* x rounded per group: xq dx, |xq| <= XQ_MAX */
+        int32_t *packed = (int32_t *)(dx + (size_t)m * x_groups);
         int16_t xq[w->k];
-        int32_t packed[w->k / 2];
-        float dx[x_groups];
-        for (int g = 0; g < x_groups; g++) {
-            const float *xg = x + g * GROUP;
-            float top = 0.0f;
-            for (int i = 0; i < GROUP; i++)
-                top = fabsf(xg[i]) > top ? fabsf(xg[i]) : top;
-            dx[g] = top / XQ_MAX;
-            const float inv = top > 0.0f ? XQ_MAX / top : 0.0f;
-            for (int i = 0; i < GROUP; i++)
-                xq[g * GROUP + i] = (int16_t)lrintf(xg[i] * inv);
+        for (int r = 0; r < m; r++) {
+            for (int g = 0; g < x_groups; g++) {
+                const float *xg = x + r * ldx + (size_t)g * GROUP;
+                float top = 0.0f;
+                for (int i = 0; i < GROUP; i++)
+                    top = fabsf(xg[i]) > top ? fabsf(xg[i]) : top;
+                dx[(size_t)r * x_groups + g] = top / XQ_MAX;
+                const float inv = top > 0.0f ? XQ_MAX / top : 0.0f;
+                for (int i = 0; i < GROUP; i++)
+                    xq[g * GROUP + i] = (int16_t)lrintf(xg[i] * inv);
+            }
+            pack_x(xq, w->k, packed + (size_t)r * (w->k / 2));
         }
-        pack_x(xq, w->k, packed);
 #pragma omp parallel for schedule(static)
         for (int nb = 0; nb < blocks; nb++)
-            block64(w, packed, dx, xsum, nb, y);
+            for (int r = 0; r < m; r += ROWS64) {
+                const int rows = m - r < ROWS64 ? m - r : ROWS64;
+                const int32_t *xr[ROWS64];
+                const float *dr[ROWS64], *sr[ROWS64];
+                float *yr[ROWS64];
+                for (int i = 0; i < rows; i++) {
+                    xr[i] = packed + (size_t)(r + i) * (w->k / 2);
+                    dr[i] = dx + (size_t)(r + i) * x_groups;
+                    sr[i] = xsum + (size_t)(r + i) * x_groups;
+                    yr[i] = y + (r + i) * ldy;
+                }
+                block64(w, xr, dr, sr, nb, yr, rows);
+            }
         return;
     }
 #endif
+    (void)dx;
 #pragma omp parallel for schedule(static)
-    for (int nb = 0; nb < blocks; nb++) {
+    for (int nb = 0; nb < blocks; nb++)
+        for (int r = 0; r < m; r++) {
 #ifdef HAVE_BLOCK32
-        if (block == 32) {
-            block32(w, x, xsum, nb, y);
-            continue;
-        }
+            if (block == 32) {
+                block32(w, x + r * ldx, xsum + (size_t)r * x_groups, nb, y + r * ldy);
+                continue;
+            }
 #endif
-        block_c(w, x, xsum, nb, y, block);
-    }
+            block_c(w, x + r * ldx, xsum + (size_t)r * x_groups, nb, y + r * ldy, block);
+        }
 }

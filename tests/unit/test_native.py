@@ -1,4 +1,4 @@
-"""The native batch-1 decode step (minisgl.models.native, native_decode.c and its headers).
+"""The native decode step (minisgl.models.native, native_decode.c and its headers).
 
 - Each matrix-vector kernel on torch's packed int4 weights (4-bit and 8-bit codes, a bias,
   output rows that do not fill the last block) against the float32 matmul of the same
@@ -7,10 +7,11 @@
   with VBMI and VNNI, "pairs" without) read torch's own 64-row packing; the AVX2 and plain
   C ones codes packed by the test, whose packing of 64-row blocks is torch's, byte for byte.
   Each library is built with the flags that select its kernel and says which it has.
+- A row's result is the same alone or among others (bit for bit).
 - A tiny Llama GGUF served with native decode steps gives the float path's greedy tokens,
-  one request at a time and in a batch that shrinks to one (the step switches between the
-  two paths), with logprobs no further from the float path's than the torch path's are;
-  native steps really ran; the engine ends idle. So does a long context (the attention's
+  one request at a time and in a batch that shrinks to one (batches of decodes run
+  natively too), with logprobs no further from the float path's than the torch path's
+  are; native steps really ran, of one token and of the batch's four; the engine ends idle. So does a long context (the attention's
   tiles and its runs of positions merged), alike bit for bit on one thread and two.
 - Qwen2's q/k/v bias and Qwen3's per-head q/k norms, on tiny models whose projections are
   swapped for int4 ones: the same tokens as the torch path on those very weights.
@@ -58,7 +59,7 @@ def test_the_kernel_matches_the_float_matmul_of_the_same_weights(bits, n, k):
     x = torch.randn(k, generator=torch.Generator().manual_seed(1))
     for _ in range(2):
         want = w @ x + bias
-        got = native.gemv(layer, x)
+        got = native.matmul(layer, x)
         assert got.shape == want.shape
         assert ((got - want).abs() <= _rounding_bound(w, x)).all()
         # then a group of zeros (its step is 0) and one with an outlier among small values
@@ -126,20 +127,36 @@ def test_every_kernel_reads_the_layout_it_is_built_for(bits, kernel, kernel_libr
     w = layer.rows(torch.arange(200))
     x = torch.randn(96, generator=torch.Generator().manual_seed(5))
     x[40] = 30.0  # an outlier: its group's other inputs get coarse steps
-    got = native.gemv(_Packed(layer, _pack(codes, block)), x, lib, block)
+    got = native.matmul(_Packed(layer, _pack(codes, block)), x, lib, block)
     assert ((got - (w @ x + layer.bias)).abs() <= _rounding_bound(w, x)).all()
 
 
 def _count_native_steps(llm, monkeypatch) -> list[int]:
+    """[steps run natively, then each step's tokens in turn]"""
     calls = [0]
     forward = llm.engine.native.forward
 
-    def counted(*args):
+    def counted(input_ids, info):
         calls[0] += 1
-        return forward(*args)
+        calls.append(input_ids.shape[0])
+        return forward(input_ids, info)
 
     monkeypatch.setattr(llm.engine.native, "forward", counted)
     return calls
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_rows_result_is_the_same_alone_or_among_others(bits):
+    """The kernel sums each output in an order the shapes fix: rows taken in pairs (the
+    quads kernel) or one by one give the same bits."""
+    gq = _group_quant(130, 96, bits, seed=11)
+    layer = Int4Linear(gq, torch.randn(130, generator=torch.Generator().manual_seed(2)))
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(3))
+    together = native.matmul(layer, x)
+    assert together.shape == (5, 130)
+    for i in range(5):
+        assert torch.equal(together[i], native.matmul(layer, x[i]))
+    assert torch.equal(together[1:4], native.matmul(layer, x[1:4]))
 
 
 def _assert_idle(llm) -> None:
@@ -160,8 +177,8 @@ def test_a_tiny_gguf_decodes_natively_with_the_torch_paths_tokens(gguf_dir, monk
         alone = [llm.generate([p], params)[0] for p in PROMPTS]  # batch-1 decodes only
         together = llm.generate(PROMPTS, params)  # batched, then one left
         outs[path] = alone + list(together)
-        if path == "native":
-            assert calls[0] >= len(PROMPTS) * 11  # every decode of the requests alone
+        if path == "native":  # every decode of the requests alone, and of the batch
+            assert calls[1:].count(1) >= len(PROMPTS) * 11 and len(PROMPTS) in calls[1:]
         _assert_idle(llm)
         del llm
     gap = {}
@@ -241,7 +258,8 @@ def test_bias_and_qk_norm_decode_natively_as_on_torch(arch, tiny_dirs):
     got = {}
     for on in (True, False):
         engine.native = decoder if on else None
-        got[on] = [llm.generate([p], params)[0].outputs[0].token_ids for p in PROMPTS]
+        alone = [llm.generate([p], params)[0] for p in PROMPTS]
+        got[on] = [o.outputs[0].token_ids for o in alone + llm.generate(PROMPTS, params)]
     assert got[True] == got[False]
 
 
