@@ -30,6 +30,14 @@ static inline float bf16_to_float(uint16_t v)
     return c.f;
 }
 
+/* y[first + j] = sums[j] (+ bias) for the block's `count` rows that exist (n is not always a
+   multiple of the block) */
+static inline void store_rows(const Weight *w, const float *sums, int first, int count, float *y)
+{
+    for (int j = 0; j < count && first + j < w->n; j++)
+        y[first + j] = sums[j] + (w->bias ? w->bias[first + j] : 0.0f);
+}
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 /* 16 rows' (scale, zero) pairs as floats: each 32-bit lane holds two bf16, scale low */
 static inline void scale_zero16(const uint16_t *sz, __m512 *s, __m512 *z)
@@ -58,9 +66,7 @@ static inline void store_rows64(const Weight *w, const __m512 acc[4], int nb, fl
     float out[64];
     for (int r = 0; r < 4; r++)
         _mm512_storeu_ps(out + 16 * r, acc[r]);
-    const int row0 = nb * 64;
-    for (int j = 0; j < 64 && row0 + j < w->n; j++)
-        y[row0 + j] = out[j] + (w->bias ? w->bias[row0 + j] : 0.0f);
+    store_rows(w, out, nb * 64, 64, y);
 }
 #endif
 
@@ -266,9 +272,7 @@ static void block32(const Weight *w, const float *x, const float *xsum, int nb, 
     float out[32];
     for (int r = 0; r < 4; r++)
         _mm256_storeu_ps(out + 8 * r, acc[r]);
-    const int first = nb * 32;
-    for (int j = 0; j < 32 && first + j < w->n; j++)
-        y[first + j] = out[j] + (w->bias ? w->bias[first + j] : 0.0f);
+    store_rows(w, out, nb * 32, 32, y);
 }
 #define HAVE_BLOCK32 1
 #ifndef GEMV_KERNEL
@@ -305,9 +309,7 @@ static void block_c(const Weight *w, const float *x, const float *xsum, int nb, 
             acc[j] += s * part[j] + (z - 8.0f * s) * xs;
         }
     }
-    const int first = nb * block;
-    for (int j = 0; j < block && first + j < w->n; j++)
-        y[first + j] = acc[j] + (w->bias ? w->bias[first + j] : 0.0f);
+    store_rows(w, acc, nb * block, block, y);
 }
 
 /* Scratch `gemm` needs for m rows of k inputs, in 4-byte words: per row, the sums and steps
