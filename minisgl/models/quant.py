@@ -211,10 +211,13 @@ class Int4Linear(nn.Module):
             codes = (codes[:K] << 4).bitwise_or_(codes[K:])  # (K, rows) 0..255
             offset = z[:G] + z[G:] - 8 * (s[:G] + s[G:])
             s = s[G:]
-        # one multiply-add per weight, rounded once to bf16 (the offset rounded before)
-        s, offset = s.to(torch.bfloat16), offset.to(torch.bfloat16)
+        # one multiply-add per weight in float32, rounded once to bf16: the weight the int4
+        # kernel multiplies by, to within bf16's step. (Rounding the offset to bf16 first,
+        # as this did, tripled the mean error; KV computed here and by the kernel then
+        # differed enough that a prompt reusing the other path's cached prefix answered
+        # "What is the capital of France?" with "L'Étoile" instead of "The ... Paris".)
         w = torch.addcmul(offset[:, None], codes.view(-1, GROUP, N), s[:, None])  # (G, 32, N)
-        return w.view(-1, N)[:, : stop - start].t()
+        return w.to(torch.bfloat16).view(-1, N)[:, : stop - start].t()
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, codes={self.bits}-bit"
