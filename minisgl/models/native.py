@@ -300,6 +300,7 @@ class NativeDecoder:
         """One decode token of each of B requests (the step's `ForwardInfo`): (B,) ids ->
         (B, hidden) final hidden states."""
         B = input_ids.shape[0]
+        assert B <= self.max_batch, f"{B} tokens: the native step takes {self.max_batch}"
         x = self.hidden[:B]
         x.copy_(self.model.model.embed_tokens(input_ids))
         pages = info.block_table.contiguous()

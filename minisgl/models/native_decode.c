@@ -1,22 +1,24 @@
-/* One decode step of one request on the CPU, the whole model in one call.
+/* One decode step on the CPU, the whole model in one call: one new token for each of up to
+   `max_batch` requests.
 
    Contract (the Python side is minisgl/models/native.py):
-   - `minisgl_decode(model, step)` runs every decoder layer and the final norm for one
-     token: the input row `x` (hidden floats: the token's embedding) becomes the final
-     hidden state in place; each layer stores the token's K/V at `step->slot` of the pool
-     and attends over the request's first `seq_len` keys, read page by page through its
-     block table (native_attention.h).
-   - `minisgl_gemv(w, x, y)` is y = x @ w.T (+ bias) for one row: the LM head, outside the
+   - `minisgl_decode(model, step)` runs every decoder layer and the final norm for the
+     step's tokens: the input rows `x` (batch x hidden floats: the tokens' embeddings)
+     become the final hidden states in place; each layer stores token b's K/V at
+     `step->slot[b]` of the pool and attends over its request's first `seq_len[b]` keys,
+     read page by page through its block table row (native_attention.h).
+   - `minisgl_gemm(w, x, m, y)` is y = x @ w.T (+ bias) for m rows: the LM head, outside the
      step so that the logits come back to Python like the torch path's.
    - The weights are read where torch keeps them, in the layout of its CPU int4 kernel: no
      second copy (native_gemv.h, which says how the codes lie and how each kernel sums them;
-     `minisgl_gemv_kernel()` names the kernel this build uses).
+     `minisgl_gemv_kernel()` names the kernel this build uses). In a batch, each block of
+     weight rows is read from memory once for all the tokens.
    - Activations are float32 between the projections; inside one, the AVX-512 kernels round
      x per group of 32 to 15-bit integers (native_gemv.h).
    - The work inside each projection and each layer's attention is split over OpenMP
      threads (the runtime torch itself uses, so the thread count torch is set to is the
-     count used here), in pieces fixed by the shapes alone: results do not depend on the
-     thread count.
+     count used here), in pieces fixed by the shapes alone: a token's results depend on
+     neither the thread count nor the other tokens of the step.
 */
 #include <math.h>
 #include <stddef.h>
@@ -143,12 +145,12 @@ int64_t minisgl_work_floats(const Model *m)
     return total + (int64_t)gemm_scratch(m->max_batch, max_inputs(m));
 }
 
-/* the step's tokens, one after another, in place: y = x / rms(x) * weight */
+/* rms_norm of each of `batch` rows of n floats */
 static void rms_norm_rows(const float *x, const float *weight, float *y, int batch, int n,
-                          size_t ldx, size_t ldy, float eps)
+                          float eps)
 {
     for (int b = 0; b < batch; b++)
-        rms_norm(x + b * ldx, weight, y + b * ldy, n, eps);
+        rms_norm(x + (size_t)b * n, weight, y + (size_t)b * n, n, eps);
 }
 
 void minisgl_decode(const Model *m, const Step *step)
@@ -168,7 +170,7 @@ void minisgl_decode(const Model *m, const Step *step)
     const size_t kv_row = (size_t)Hkv * D;
     for (int l = 0; l < m->num_layers; l++) {
         const Layer *L = &m->layers[l];
-        rms_norm_rows(x, L->ln1, xn, B, hidden, hidden, hidden, m->eps);
+        rms_norm_rows(x, L->ln1, xn, B, hidden, m->eps);
         gemm(&L->qkv, xn, B, hidden, qkv, width[QKV], m->block, scratch);
         for (int b = 0; b < B; b++) {
             float *q = qkv + b * width[QKV], *k = q + H * D, *v = k + Hkv * D;
@@ -187,7 +189,7 @@ void minisgl_decode(const Model *m, const Step *step)
         gemm(&L->o, att, B, width[ATT], out, hidden, m->block, scratch);
         for (int i = 0; i < B * hidden; i++)
             x[i] += out[i];
-        rms_norm_rows(x, L->ln2, xn, B, hidden, hidden, hidden, m->eps);
+        rms_norm_rows(x, L->ln2, xn, B, hidden, m->eps);
         gemm(&L->gate_up, xn, B, hidden, gu, width[GU], m->block, scratch);
         for (int b = 0; b < B; b++)
             silu_mul(gu + b * width[GU], gu + b * width[GU] + m->inter, act + b * width[ACT],
@@ -196,5 +198,5 @@ void minisgl_decode(const Model *m, const Step *step)
         for (int i = 0; i < B * hidden; i++)
             x[i] += out[i];
     }
-    rms_norm_rows(x, m->norm, x, B, hidden, hidden, hidden, m->eps);
+    rms_norm_rows(x, m->norm, x, B, hidden, m->eps);
 }

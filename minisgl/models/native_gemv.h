@@ -1,5 +1,6 @@
-/* y = x @ w.T for one row x, on torch's packed int4 weights. Included once, by
-   native_decode.c (after its `Weight` and GROUP), which compiles everything as one unit.
+/* y = x @ w.T for a few rows x (a decode step's tokens), on torch's packed int4 weights.
+   Included once, by native_decode.c (after its `Weight` and GROUP), which compiles
+   everything as one unit.
 
    Contract:
    - `gemm(w, x, m, ldx, y, ldy, block, scratch)`: for each of m rows, y (w->n floats) =
@@ -15,12 +16,13 @@
      times 16 s, then low), its input read twice.
    - Per group the codes times x are summed per row, then the group's scale and zero are
      applied once: sum_k x_k ((c_k - 8) s + z) = s (sum_k x_k c_k) + (z - 8 s) (sum_k x_k).
-   - Four versions of that loop, the first the compiler's flags allow (`gemv_kernel()` names
-     it): AVX-512 with VBMI and VNNI ("quads": four inputs per instruction), AVX-512 ("pairs":
-     two), both for 64-row blocks, on x rounded per group of 32 to 15-bit integers (within
-     half a step of the group's largest |x| / 16383; bf16, what torch's kernel takes, keeps
-     8 bits) and summed exactly in int32; AVX2 for 32-row blocks and plain C for any block
-     (compilers vectorize it poorly: they widen the bytes in steps), both in float32. */
+   - Four versions of that loop, the first the compiler's flags allow (GEMV_KERNEL names it,
+     `minisgl_gemv_kernel()` reports it): AVX-512 with VBMI and VNNI ("quads": four inputs
+     per instruction, two x rows per pass), AVX-512 ("pairs": two inputs), both for 64-row
+     blocks, on x rounded per group of 32 to 15-bit integers (within half a step of the
+     group's largest |x| / 16383; bf16, what torch's kernel takes, keeps 8 bits) and summed
+     exactly in int32; AVX2 for 32-row blocks and plain C for any block (compilers vectorize
+     it poorly: they widen the bytes in steps), both in float32. */
 
 #define XQ_MAX 16383 /* |x| rounded per group to integers up to this: 15 bits */
 
