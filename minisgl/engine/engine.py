@@ -255,26 +255,23 @@ class Engine:
         if runner is not None and not batch.scoring and runner.can_run(batch):
             inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
             return inputs, runner.run(inputs), None  # its replay marks the forward
-        inputs = self.inputs.build(batch)
+        inputs, scores = self.inputs.build(batch), None
         if self.native is not None and self.native.takes(batch):  # decodes: one C call
             self.recorder.phase("forward")
             hidden = self.native.forward(inputs.input_ids, inputs.info)  # (B, hidden)
-            if not batch.sampling_reqs:
-                return inputs, None, None
-            if inputs.sample_rows is not None:
-                hidden = hidden[inputs.sample_rows]
-            return inputs, self.native.logits(hidden), None
-        ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
-        self.recorder.phase("forward")
-        hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
-        scores = None
-        if batch.scoring:  # prompt logprobs: from rows of the chunk that are dropped next
-            scores = score_prompts(self.model, hidden, batch, self.inputs.staging)
+            head = self.native.logits
+        else:
+            ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
+            self.recorder.phase("forward")
+            hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
+            if batch.scoring:  # prompt logprobs: from rows of the chunk that are dropped next
+                scores = score_prompts(self.model, hidden, batch, self.inputs.staging)
+            head = self.model.logits
         if not batch.sampling_reqs:  # chunks inside their prompts: no row needs the LM head
             return inputs, None, scores  # (it would have run on every row of the chunk)
         if inputs.sample_rows is not None:  # the last token of each request that samples
             hidden = hidden[inputs.sample_rows]
-        return inputs, self.model.logits(hidden), scores
+        return inputs, head(hidden), scores
 
     @torch.inference_mode()
     def logits(self, batch: Batch) -> torch.Tensor | None:

@@ -22,9 +22,10 @@ on a 2-core VM cost two thirds of the step in dispatch and Python, not in arithm
 torch's int4 kernel itself was 11 ms of a 35 ms step. In C the same step is one call; the
 weights are still streamed once, as they must be, and in a batch each block of them is
 read from memory once for all the tokens. What a step costs then is the weights' bytes,
-the arithmetic on them, and the attention over each context: the matrix-vector kernel takes four inputs per
-instruction where the CPU has AVX-512 VBMI and VNNI, and the attention reads each key and
-value row once for every head (native_gemv.h, native_attention.h).
+the arithmetic on them, and the attention over each context: the matrix-vector kernel
+takes four inputs per instruction where the CPU has AVX-512 VBMI and VNNI, and the
+attention reads each key and value row once for every head (native_gemv.h,
+native_attention.h).
 
 Numerics: activations stay float32 between the projections (norms, RoPE, attention, the
 residual stream, the logits). Inside a projection, the AVX-512 kernels round the input to

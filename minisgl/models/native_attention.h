@@ -21,19 +21,21 @@
    2^(x log2 e) as 2^n times a degree-7 polynomial of 2^f, f in [-1/2, 1/2] (relative error
    about 1e-8, under float32's own rounding). Below -87 it gives about 1e-38, not 0: a
    weight that small against the largest (1) changes no sum. */
+#define EXP_FLOOR (-87.0f)
+#define LOG2E 1.44269504088896341f
+/* 2^f's polynomial, highest power first (ln 2^k / k!) */
+static const float EXP2_POLY[8] = {1.52527338e-5f, 1.54035304e-4f, 1.33335581e-3f,
+                                   9.61812911e-3f, 5.55041087e-2f, 2.40226507e-1f,
+                                   6.93147181e-1f, 1.0f};
+
 static inline float exp_nonpos(float x)
 {
-    const float t = (x > -87.0f ? x : -87.0f) * 1.44269504088896341f;
+    const float t = (x > EXP_FLOOR ? x : EXP_FLOOR) * LOG2E;
     const int n = -(int)(0.5f - t); /* round(t): t <= 0, so truncation is a ceiling here */
     const float f = t - (float)n;
-    float p = 1.52527338e-5f;
-    p = p * f + 1.54035304e-4f;
-    p = p * f + 1.33335581e-3f;
-    p = p * f + 9.61812911e-3f;
-    p = p * f + 5.55041087e-2f;
-    p = p * f + 2.40226507e-1f;
-    p = p * f + 6.93147181e-1f;
-    p = p * f + 1.0f;
+    float p = EXP2_POLY[0];
+    for (int i = 1; i < 8; i++)
+        p = p * f + EXP2_POLY[i];
     union { int32_t i; float f; } scale = {.i = (n + 127) << 23};
     return p * scale.f;
 }
@@ -78,21 +80,16 @@ static inline float row_max(const float *x, int n, float init)
 static inline float exp_row(float *x, int n, float top)
 {
     __m512 sum = _mm512_setzero_ps();
-    const __m512 floor = _mm512_set1_ps(-87.0f), log2e = _mm512_set1_ps(1.44269504088896341f);
+    const __m512 floor = _mm512_set1_ps(EXP_FLOOR), log2e = _mm512_set1_ps(LOG2E);
     for (int j = 0; j < n; j += 16) {
         const __mmask16 k = first(n - j);
         const __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + j), _mm512_set1_ps(top));
         const __m512 t = _mm512_mul_ps(_mm512_max_ps(v, floor), log2e);
         const __m512 r = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
         const __m512 f = _mm512_sub_ps(t, r);
-        __m512 p = _mm512_set1_ps(1.52527338e-5f);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.54035304e-4f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.33335581e-3f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.61812911e-3f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.55041087e-2f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.40226507e-1f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.93147181e-1f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+        __m512 p = _mm512_set1_ps(EXP2_POLY[0]);
+        for (int i = 1; i < 8; i++)
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP2_POLY[i]));
         const __m512 e = _mm512_scalef_ps(p, r); /* p 2^r */
         _mm512_mask_storeu_ps(x + j, k, e);
         sum = _mm512_mask_add_ps(sum, k, sum, e);

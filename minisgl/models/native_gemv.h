@@ -88,16 +88,15 @@ block64_rows(const Weight *w, const int32_t *const *xq4, const float *const *dx,
     const int groups = w->kp / GROUP, x_groups = w->k / GROUP;
     const uint8_t *codes = w->packed + (size_t)nb * w->kp * 32;
     const __m512i low = _mm512_set1_epi8(0x0F), high = _mm512_set1_epi8((char)0xF0);
-    /* byte 4j + t of the result <- byte j (rows j, j + 32) of input t's 32; the second
-       index takes bytes 16 .. 31 (rows j + 16, j + 48) */
-    __m512i index[2];
-    for (int half = 0; half < 2; half++) {
-        uint8_t at[64];
-        for (int j = 0; j < 16; j++)
-            for (int t = 0; t < 4; t++)
-                at[4 * j + t] = (uint8_t)(32 * t + j + 16 * half);
-        index[half] = _mm512_loadu_si512(at);
-    }
+    /* byte 4j + t of the result <- byte j (rows j, j + 32) of input t's 32: lane j holds
+       the bytes j, j + 32, j + 64, j + 96; the second index takes bytes 16 .. 31 (rows
+       j + 16, j + 48) */
+    const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i index[2] = {
+        _mm512_add_epi32(_mm512_mullo_epi32(lanes, _mm512_set1_epi32(0x01010101)),
+                         _mm512_set1_epi32(0x60402000)),
+        _mm512_add_epi32(_mm512_mullo_epi32(lanes, _mm512_set1_epi32(0x01010101)),
+                         _mm512_set1_epi32(0x70503010))};
     __m512 acc[ROWS64][4];
     for (int m = 0; m < rows; m++)
         for (int r = 0; r < 4; r++)
