@@ -154,17 +154,16 @@ def serve_ours(port: int, channels, loop: str, http: str, cpus) -> None:
     from minisgl.server.api_server import create_app
     from minisgl.server.args import ServerArgs
     from minisgl.server.launch import connect_frontend
-    from minisgl.server.metrics import ServerMetrics
 
     pin(cpus)
     logging.getLogger("asyncio").setLevel(logging.ERROR)  # as for bare
     args = ServerArgs(port=port, log_level="warning")
-    app = create_app(args, MODEL_NAME, connect_frontend(channels, args, ServerMetrics()))
+    app = create_app(args, MODEL_NAME, connect_frontend(channels, args))
     uvicorn.Server(uvicorn_config(app, port, loop, http)).run()
 
 
 def run_tokenizer(args, model_dir, channels, ready, cpus) -> None:
-    from minisgl.tokenizer.server import tokenize_worker
+    from minisgl.server.workers import tokenize_worker
 
     pin(cpus)
     tokenize_worker(args, model_dir, channels, ready)

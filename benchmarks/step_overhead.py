@@ -27,10 +27,10 @@ loop as `Scheduler.run_forever` runs it (receive, then `step()`), driven here in
 Each timed step is one `Scheduler.advance()`, as the process loop runs it: with overlap
 (`--overlap`, the default on CUDA) it launches step N+1 and then reads step N.
 
-How: through the scheduler's Recorder (minisgl/message/timeline.py), the interface it
+How: through the scheduler's observer hooks (minisgl/observe.py), the interface it
 records request timelines through: the scheduler hands it to its engine, and both mark
 where a step's time starts to count toward another phase (`phase(name)`, a no-op in the
-server). Here the recorder is a lap clock (`phase_timer`): nothing in minisgl/ is patched,
+server). Here the observer is a lap clock (`phase_timer`): nothing in minisgl/ is patched,
 and the phases never overlap and add up to the wall time. On CUDA every mark
 synchronises the device, so each phase holds its own device work; the forward is then
 device time (plus its launches), and "host" is the step's wall time less the forward.
@@ -71,14 +71,14 @@ PHASES = ["receive", "schedule", "prepare", "forward", "sample", "post", "other"
 
 # ---------------------------------------------------------------------------- timers
 def phase_timer(sync: Callable[[], None] | None):
-    """A PhaseTimer: the scheduler's Recorder (minisgl/message/timeline.py), handed to it as
-    its timeline. The scheduler and the engine call `phase(name)` where a step's time starts
+    """A PhaseTimer: an observer of the scheduler (minisgl/observe.py), added to it as
+    its timeline is. The scheduler and the engine call `phase(name)` where a step's time starts
     to count toward another phase; the timer adds the time since the previous mark to the
     phase that was current (a lap clock: the phases never overlap and add up to the time
     timed). It also counts the sequences of each step it is told of (`step`)."""
-    from minisgl.scheduler.timeline import SchedulerRecorder
+    from minisgl.observe import RequestObserver
 
-    class PhaseTimer(SchedulerRecorder):
+    class PhaseTimer(RequestObserver):
         def __init__(self) -> None:
             self.sync = sync or (lambda: None)
             self.timing = False  # off: phase() returns at once (the free-running runs)
@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     cuda = engine.device.type == "cuda"
     timer = phase_timer(torch.cuda.synchronize if cuda else None)
-    scheduler = Scheduler(engine, SchedulerConfig(overlap_schedule=args.overlap), timer)
+    scheduler = Scheduler(engine, SchedulerConfig(overlap_schedule=args.overlap))
+    scheduler.observe(timer)
     c = engine.model_config
     graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
     print(

@@ -102,7 +102,7 @@ def rank_worker(args, model_dir, rank: int, ready, heartbeat=None) -> None:
     import dataclasses
 
     def build(parent: ParentWatch) -> Serving:
-        from minisgl.scheduler.io import share_cpu_cores
+        from minisgl.engine.threads import share_cpu_cores
 
         config = dataclasses.replace(args.engine_config, model=str(model_dir))
         share_cpu_cores(config.device)  # as the scheduler (rank 0) does

@@ -16,7 +16,7 @@ Before it reports ready, the engine checks the fast path it is about to use (on 
 selfcheck.py) and falls back where a part fails; `degraded` names each part it fell back
 from, with the reason.
 
-`record_with(recorder)` hands it the scheduler's Recorder (message/timeline.py): a step
+`set_observer(observer)` hands it the scheduler's observers (minisgl/observe.py): a step
 marks where its time starts to count toward "prepare", "forward" and "sample" there (a
 no-op unless a benchmark measures).
 """
@@ -34,13 +34,13 @@ from minisgl.core import Batch
 from minisgl.distributed import STARTUP_TIMEOUT_S, barrier, min_over_ranks, tp
 from minisgl.kvcache import KVCachePool
 from minisgl.message import TokenLogprob
-from minisgl.message.timeline import Recorder
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
 from minisgl.models.loader import load_model, resolve_quantization
 from minisgl.models.native import NativeDecoder
 from minisgl.models.quant import prefill_rows
 from minisgl.models.source import resolve_model_dir
+from minisgl.observe import RequestObserver
 from minisgl.utils.process import available_ram
 
 from . import faults
@@ -58,7 +58,7 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.recorder = Recorder()  # the scheduler's, once it has one (record_with)
+        self.observer = RequestObserver()  # the scheduler's, once it has one (set_observer)
         self.tp = tp()  # this process's rank: its shard of the model and of the KV cache
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
@@ -208,11 +208,11 @@ class Engine:
         if self.graph_runner is not None and self.config.cuda_graph:
             self.graph_runner.capture()
 
-    def record_with(self, recorder: Recorder) -> None:
-        """Mark the phases of each step in `recorder` (the graph runner's replay too)."""
-        self.recorder = recorder
+    def set_observer(self, observer: RequestObserver) -> None:
+        """Mark the phases of each step in `observer` (the graph runner's replay too)."""
+        self.observer = observer
         if self.graph_runner is not None:
-            self.graph_runner.recorder = recorder
+            self.graph_runner.observer = observer
 
     def use_attention_backend(self, backend) -> None:
         """Serve with `backend` instead (the self-check's fallback); decode steps run
@@ -251,18 +251,18 @@ class Engine:
         self, batch: Batch
     ) -> tuple[StepInputs, torch.Tensor | None, DevicePromptScores | None]:
         runner = self.graph_runner
-        self.recorder.phase("prepare")
+        self.observer.phase("prepare")
         if runner is not None and not batch.scoring and runner.can_run(batch):
             inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
             return inputs, runner.run(inputs), None  # its replay marks the forward
         inputs, scores = self.inputs.build(batch), None
         if self.native is not None and self.native.takes(batch):  # decodes: one C call
-            self.recorder.phase("forward")
+            self.observer.phase("forward")
             hidden = self.native.forward(inputs.input_ids, inputs.info)  # (B, hidden)
             head = self.native.logits
         else:
             ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
-            self.recorder.phase("forward")
+            self.observer.phase("forward")
             hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
             if batch.scoring:  # prompt logprobs: from rows of the chunk that are dropped next
                 scores = score_prompts(self.model, hidden, batch, self.inputs.staging)
@@ -287,9 +287,9 @@ class Engine:
         sampling = batch.sampling_reqs
         if not sampling:
             return StepHandle(None, None, None, scores)
-        self.recorder.phase("prepare")
+        self.observer.phase("prepare")
         args = self.sampler.prepare(sampling)
-        self.recorder.phase("sample")
+        self.observer.phase("sample")
         tokens = self.sampler.sample(logits, args)
         self.inputs.record_sampled(inputs, tokens)  # the next step may read them here
         logprobs = self.sampler.logprobs_device(logits, tokens, args)  # read in result()

@@ -28,8 +28,8 @@ import torch
 
 from minisgl.attention import AttentionBackend, AttentionContext
 from minisgl.core import Batch
-from minisgl.message.timeline import Recorder
 from minisgl.models.decoder import CausalLM
+from minisgl.observe import RequestObserver
 
 from .inputs import DecodeBuffers, StepInputs
 
@@ -48,7 +48,7 @@ class DecodeGraphRunner:
     ) -> None:
         assert backend.capturable, f"{type(backend).__name__} cannot be captured"
         self.model, self.backend, self.buffers = model, backend, buffers
-        self.recorder = Recorder()  # the engine's: marks the replay as the forward
+        self.observer = RequestObserver()  # the engine's: marks the replay as the forward
         self.max_bs = buffers.input_ids.shape[0]
         self.buckets = [b for b in BUCKETS if b < self.max_bs] + [self.max_bs]
         dev = buffers.input_ids.device
@@ -113,7 +113,7 @@ class DecodeGraphRunner:
         """(bs, vocab) logits of the step the buffers' first `bs` rows hold (eagerly when
         no graph was captured)."""
         self.backend.prepare_for_replay(self.buffers.info(bs), self.metas[bs])
-        self.recorder.phase("forward")
+        self.observer.phase("forward")
         if bs in self.graphs:
             self.graphs[bs].replay()
         else:

@@ -9,7 +9,7 @@ Contract:
   steps of that size and records how long it took. Steps are grouped by size (tokens in
   powers of two: a batch of 16 decodes, a 158-token prefill); each group chooses alone.
 - The two counts: narrow leaves two cores to the API server and the tokenizer worker
-  (cores - 2, at least 1: minisgl.scheduler.io.share_cpu_cores); wide takes every core.
+  (cores - 2, at least 1: `share_cpu_cores` below); wide takes every core.
 
 Why choose at run time: on an idle machine the wide count is faster (a 2-core VM: a
 batch-1 decode step 17.5 against 24.3 ms, sixteen streams 1.27x the tokens per second),
@@ -176,3 +176,15 @@ class ThreadChoice:
         start = self._clock()
         yield n
         group.record(n, self._clock() - start)
+
+
+def share_cpu_cores(device: str) -> None:
+    """On a CPU the API server and the tokenizer worker need cores too: torch's compute
+    threads spin-wait on each other, and one descheduled thread stalls them all (a 1500-token
+    stream took 57 s instead of 1.3 s on two cores). Leave two cores to the other processes.
+    This is where a process starts; a single-rank engine then widens a step to every core
+    where that measures faster (minisgl.engine.threads)."""
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(narrow_threads(usable_cores()))

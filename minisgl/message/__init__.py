@@ -1,10 +1,12 @@
 """Typed messages, one module per receiving component (the codec they travel with is
-utils/codec.py, re-exported here).
+utils/codec.py, re-exported here), and the union each channel carries.
 
 API server --TokenizeMsg, AbortMsg, LifecycleQueryMsg--> tokenizer worker
 tokenizer worker --UserMsg, AbortBackendMsg, StateQueryMsg--> scheduler
-scheduler --DetokenizeMsg, BackendErrorMsg, SchedulerStateMsg, TimelineMsg--> tokenizer worker
-tokenizer worker --UserReply, LifecycleStateMsg, TimelineMsg--> API server
+scheduler --DetokenizeMsg, BackendErrorMsg, SchedulerStateMsg--> tokenizer worker
+tokenizer worker --UserReply, LifecycleStateMsg--> API server
+The unions below are the core's; on the wire a channel also carries what the observers
+send on (the timeline batches, minisgl/timeline/), which each component hands to its own.
 
 The scheduler's answer to a state query is a typed `SchedulerState` (state.py).
 A request that fails ends with an `ErrorInfo` (errors.py): a kind and a message, never an
@@ -17,9 +19,8 @@ from minisgl.utils.codec import Codec, pack_ids, unpack_ids
 
 from .backend import AbortBackendMsg, BackendMsg, StateQueryMsg, UserMsg
 from .errors import ErrorInfo, ErrorKind
-from .frontend import FrontendMsg, LifecycleStateMsg, TokenInfo, UserReply
+from .frontend import LifecycleStateMsg, TokenInfo, UserReply
 from .state import RankState, SchedulerCounts, SchedulerState
-from .timeline import END_EVENTS, End, TimelineEvent, TimelineMsg
 from .tokenizer import (
     AbortMsg,
     BackendErrorMsg,
@@ -27,9 +28,14 @@ from .tokenizer import (
     LifecycleQueryMsg,
     SchedulerStateMsg,
     TokenizeMsg,
-    TokenizerMsg,
     TokenLogprob,
 )
+
+# what each channel carries of the core's messages
+TokenizerMsg = (
+    TokenizeMsg | AbortMsg | LifecycleQueryMsg | DetokenizeMsg | BackendErrorMsg | SchedulerStateMsg
+)
+FrontendMsg = UserReply | LifecycleStateMsg
 
 __all__ = [
     "AbortBackendMsg",
@@ -47,10 +53,6 @@ __all__ = [
     "SchedulerCounts",
     "SchedulerState",
     "SchedulerStateMsg",
-    "END_EVENTS",
-    "End",
-    "TimelineEvent",
-    "TimelineMsg",
     "StateQueryMsg",
     "TokenizeMsg",
     "TokenInfo",

@@ -13,7 +13,6 @@ import msgspec
 
 from .errors import ErrorInfo
 from .state import SchedulerState
-from .timeline import TimelineMsg
 
 
 class TokenInfo(msgspec.Struct, array_like=True):
@@ -55,6 +54,3 @@ class LifecycleStateMsg(msgspec.Struct, tag=True):
     query_id: int
     tokenizer: dict[str, int]
     scheduler: SchedulerState
-
-
-FrontendMsg = UserReply | LifecycleStateMsg | TimelineMsg

@@ -5,8 +5,8 @@ it and is forwarded to the scheduler), LifecycleQueryMsg.
 From the scheduler: DetokenizeMsg (one sampled token; the last one carries finish_reason;
 choice 0's first carries the prompt logprobs when asked),
 BackendErrorMsg (the request ended with an error; nothing more follows for its uid),
-SchedulerStateMsg (the scheduler's answer to a state query, a SchedulerState: state.py),
-TimelineMsg (its events, passed on to the API server).
+SchedulerStateMsg (the scheduler's answer to a state query, a SchedulerState: state.py).
+(The channel's union, with the observers' batches, is the package's `TokenizerMsg`.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from minisgl.core import SamplingParams
 
 from .errors import ErrorInfo
 from .state import SchedulerState
-from .timeline import TimelineMsg
 
 
 class TokenizeMsg(msgspec.Struct, tag=True):
@@ -76,14 +75,3 @@ class BackendErrorMsg(msgspec.Struct, tag=True):
 class SchedulerStateMsg(msgspec.Struct, tag=True):
     query_id: int
     state: SchedulerState
-
-
-TokenizerMsg = (
-    TokenizeMsg
-    | AbortMsg
-    | LifecycleQueryMsg
-    | DetokenizeMsg
-    | BackendErrorMsg
-    | SchedulerStateMsg
-    | TimelineMsg
-)

@@ -59,13 +59,13 @@ from minisgl.message import (
     TokenizerMsg,
     UserMsg,
 )
+from minisgl.observe import RequestObserver
 
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
 from .prefill import PrefillManager
 from .table import TableManager
-from .timeline import SchedulerRecorder
 
 if TYPE_CHECKING:
     from minisgl.engine.engine import Engine, StepOutput
@@ -99,14 +99,14 @@ class Policy:
         self,
         engine: Engine,
         config: SchedulerConfig,
-        timeline: SchedulerRecorder,
+        observer: RequestObserver,
         seeds: random.Random,
         budget: Callable[[int], int],
     ) -> None:
         """`engine` for its sizes only (context, vocabulary, pages, slots); `seeds` draws
         the seed of a request that brings none; `budget(decodes)` is the prefill token
         budget of a step beside that many decodes (the step loop's pacer)."""
-        self.timeline = timeline
+        self.observer = observer  # the scheduler's observers (minisgl/observe.py)
         self.max_seq_len = engine.max_seq_len
         self.vocab_size = engine.model_config.vocab_size
         self.eos_token_ids = engine.model_config.eos_token_ids
@@ -240,7 +240,7 @@ class Policy:
             except GrammarError as e:
                 req.status = ReqStatus.ABORTED
                 field = _constraint_field(req.sampling_params)
-                self.timeline.errored(uid, ErrorKind.INVALID_SAMPLING_VALUE.value)
+                self.observer.ended(uid, "error", kind=ErrorKind.INVALID_SAMPLING_VALUE.value)
                 info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
                 errors.append(BackendErrorMsg(uid, info))
                 continue
@@ -285,13 +285,13 @@ class Policy:
         if uid in self._building:  # its matcher is still being built: it holds nothing
             req, _ = self._building.pop(uid)
             req.status = ReqStatus.ABORTED
-            self.timeline.ended(req, how, sequences=1 + req.forks_left)
+            self.observer.ended(req, how, sequences=1 + req.forks_left)
             return [req]
         reqs = self.prefill_manager.abort_req(uid, index)
         reqs += self.decode_manager.abort_req(uid, index)
         for req in reqs:
             # one choice stopped by a stop string, or all
-            self.timeline.ended(req, how if index is None else "stop", 1 + req.forks_left)
+            self.observer.ended(req, how if index is None else "stop", sequences=1 + req.forks_left)
             req.forks_left = 0  # an aborted first choice forks no others
             req.status = ReqStatus.ABORTED  # a token a launched step still makes is dropped
             self._free_req_resources(req)
@@ -321,7 +321,8 @@ class Policy:
             for req in preempted:
                 req.status = ReqStatus.PREEMPTED
             self.num_preemptions += len(preempted)
-            self.timeline.preempted(preempted)
+            for req in preempted:
+                self.observer.event(req, "preempted")
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
@@ -421,7 +422,8 @@ class Policy:
         for req in step.prefilled:
             if not req.ended:
                 replies += self._end_prefilled(req)
-        self.timeline.first_tokens(step.first)  # sequences that sampled from their prompt
+        for req in step.first:  # sequences that sampled from their prompt
+            self.observer.first_output(req)
         return replies
 
     # --8<-- [end:finish_step]
@@ -457,7 +459,7 @@ class Policy:
         running = req.status is ReqStatus.RUNNING  # else preempted while its token was pending
         req.status = ReqStatus.FINISHED
         # with the choices it never forked (max_tokens 0)
-        self.timeline.ended(req, req.finish_reason or "stop", sequences=1 + req.forks_left)
+        self.observer.ended(req, req.finish_reason or "stop", sequences=1 + req.forks_left)
         req.forks_left = 0
         self.cache_manager.insert(req)  # the next turn of a conversation starts with it
         if running:

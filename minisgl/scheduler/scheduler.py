@@ -51,10 +51,10 @@ from minisgl.message import (
     SchedulerState,
     SchedulerStateMsg,
     StateQueryMsg,
-    TimelineMsg,
     TokenizerMsg,
     UserMsg,
 )
+from minisgl.observe import Observers, RequestObserver
 
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -64,7 +64,6 @@ from .policy import Policy, Step
 from .prefill import PrefillManager
 from .ranks import Ranks
 from .table import TableManager
-from .timeline import SchedulerRecorder
 
 DEFAULT_CPU_STEP_SECONDS = 0.3  # SchedulerConfig.prefill_step_seconds on a CPU
 
@@ -80,12 +79,10 @@ class Scheduler:
         self,
         engine: Engine,
         config: SchedulerConfig | None = None,
-        timeline: SchedulerRecorder | None = None,
     ) -> None:
         self.engine = engine
-        # the server's request timelines (a SchedulerTimeline); by default none recorded
-        self.timeline = timeline if timeline is not None else SchedulerRecorder()
-        engine.record_with(self.timeline)  # the engine marks its phases of each step there
+        self.observer = Observers()  # added with observe(): timelines, a benchmark's timer
+        engine.set_observer(self.observer)  # the engine marks its phases of each step there
         self.steps = 0  # steps launched since start
         self.config = config if config is not None else SchedulerConfig()
         self.ranks = Ranks()
@@ -100,9 +97,12 @@ class Scheduler:
             self.config.max_prefill_tokens, pace or None, min_rows=engine.prefill_rows
         )
         self.policy = Policy(
-            engine, self.config, self.timeline, self.ranks.shared_seeds(), self.pacer.budget
+            engine, self.config, self.observer, self.ranks.shared_seeds(), self.pacer.budget
         )
         self._in_flight: _Launched | None = None  # launched, results not read yet
+
+    def observe(self, observer: RequestObserver) -> None:
+        self.observer.add(observer)
 
     # the policy's parts, read through (tests, notebooks, benchmarks and io.py use them)
     @property
@@ -152,9 +152,10 @@ class Scheduler:
         if isinstance(msg, UserMsg):
             error = self.policy.add(msg)
             if error:
-                self.timeline.rejected(msg.uid, error.error.kind.value)
+                self.observer.ended(msg.uid, "error", kind=error.error.kind.value)
             else:
-                self.timeline.queued(msg.uid, msg.sampling_params.n, len(msg.input_ids))
+                n, prompt_tokens = msg.sampling_params.n, len(msg.input_ids)
+                self.observer.received(msg.uid, n=n, prompt_tokens=prompt_tokens)
             return [error] if error else []
         if isinstance(msg, AbortBackendMsg):
             self.abort_req(msg.uid, msg.index)
@@ -209,19 +210,19 @@ class Scheduler:
 
     def launch_step(self) -> _Launched | None:
         """Schedule a batch and launch it; the sequences' host state moves on at once."""
-        self.timeline.phase("schedule")
+        self.observer.phase("schedule")
         step = self.policy.schedule()
         # the page table rows of this step, on the device before it runs
         self.engine.write_pages(self.policy.cache_manager.take_edits())
-        self.timeline.phase("post")
+        self.observer.phase("post")
         if step is None:
             return None
         batch = step.batch
         self.steps += 1
-        self.timeline.step(batch, self.steps)  # the step's start, before the forward pass
+        self.observer.step(batch, self.steps)  # the step's start, before the forward pass
         started = time.perf_counter()
         handle = self.engine.launch(batch)
-        self.timeline.phase("post")
+        self.observer.phase("post")
         if self.engine.device.type == "cpu":  # the step has run: its time tells the speed
             prefill = sum(r.extend_len for r in batch.reqs[batch.decodes :])
             self.pacer.observe(prefill, batch.decodes, time.perf_counter() - started)
@@ -230,9 +231,9 @@ class Scheduler:
 
     def finish_step(self, launched: _Launched) -> list[TokenizerMsg]:
         """Read a launched step's tokens: the policy's replies to them."""
-        self.timeline.phase("sample")  # the wait for the step's tokens
+        self.observer.phase("sample")  # the wait for the step's tokens
         out = launched.handle.result()
-        self.timeline.phase("post")
+        self.observer.phase("post")
         return self.policy.update(launched.step, out)
 
     # --8<-- [end:step]
@@ -249,16 +250,9 @@ class Scheduler:
             msgs = io.receive(blocking=not self.has_work)
             replies = self.process_msgs(msgs) if msgs else []
             replies += self.advance()
-            if self.timeline.due(idle=not self.has_work):
-                replies.append(self.timeline_batch())
+            replies += self.observer.outbox(not self.has_work)  # e.g. a timeline batch
             if replies:
                 io.send(replies)
-
-    def timeline_batch(self) -> TimelineMsg:
-        """The timeline events since the last batch, with decode progress and KV pages."""
-        cache = self.policy.cache_manager
-        running = list(self.policy.decode_manager.running.values())
-        return self.timeline.flush(running, (cache.used, cache.cached, cache.total))
 
 
 class _Launched:

@@ -31,6 +31,7 @@ from starlette.responses import HTMLResponse, Response
 
 from minisgl.core import SamplingParams
 from minisgl.message import TokenizeMsg, pack_ids
+from minisgl.timeline.api import ApiTimeline, Timelines
 
 from .args import ServerArgs
 from .errors import HttpError, RequestFailed, to_http, unavailable
@@ -42,6 +43,7 @@ from .middleware import (
     ApiKeyMiddleware,
     BodyLimitMiddleware,
     RequestIdMiddleware,
+    arrival_var,
     request_id_var,
     tenant_var,
 )
@@ -49,6 +51,7 @@ from .protocol import MESSAGE_ROLES, ChatCompletionRequest, CompletionRequest, P
 from .response import FullResponse, Job, StreamResponse
 from .responses import ResponsesRequest
 from .responses_format import ResponsesFormat
+from .stalls import StallSweeper
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +116,11 @@ def create_app(
     listener and stall sweeper run while the app does. `max_model_len` (the context length
     the scheduler serves) goes on the model card; `degraded` names each part of the CUDA
     fast path the engine's start-up self-check fell back from, with the reason."""
-    metrics = frontend.metrics or ServerMetrics()  # a test's frontend may count nothing
+    metrics = ServerMetrics()
+    timelines = Timelines(args.debug_history)
+    sweeper = StallSweeper(args.client_stall_timeout)
+    for observer in (metrics, ApiTimeline(timelines, arrival_var.get), sweeper):
+        frontend.observe(observer)
     degraded = degraded or {}
     metrics.set_fallbacks(degraded)
     created = int(time.time())  # the model card's: when this server started serving it
@@ -122,7 +129,7 @@ def create_app(
     async def lifespan(app: FastAPI):
         tasks = [
             asyncio.create_task(frontend.listen()),
-            asyncio.create_task(frontend.sweep_stalls(args.client_stall_timeout)),
+            asyncio.create_task(sweeper.run()),
         ]
         for task in tasks:
             task.add_done_callback(lambda t: _on_background_exit(t, frontend))
@@ -294,7 +301,11 @@ def create_app(
         most `limit` of each, only those ended after the `since`-th end (`seq`), or only
         one request id's. The body is built from at most `limit` timelines, whatever the
         history holds, so a page polling it never stalls the server."""
-        return frontend.debug_requests(limit=limit, since=since, request_id=request_id)
+        counts = {
+            uid: (s.buffer.prompt_tokens, s.buffer.completion_tokens)
+            for uid, s in frontend.states.items()
+        }
+        return timelines.snapshot(counts, limit=limit, since=since, request_id=request_id)
 
     @app.get("/debug", response_class=HTMLResponse)
     async def debug_page():

@@ -21,7 +21,7 @@ import threading
 
 import uvicorn
 
-from minisgl.message import FrontendMsg, TokenizerMsg
+from minisgl.message import TokenizerMsg
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.utils.process import freeze_startup_objects
 from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
@@ -29,9 +29,8 @@ from minisgl.utils.zmq import AsyncPullQueue, IpcChannels, PushQueue
 from .args import ServerArgs
 from .connections import default_max_connections, guarded, quiet_accept_errors
 from .frontend import FrontendManager
-from .metrics import ServerMetrics
 from .supervisor import Supervisor, WorkerStartError, local_ranks
-from .timelines import Timelines
+from .workers import FRONTEND_WIRE
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +54,12 @@ class SupervisedServer(uvicorn.Server):
 
 
 def connect_frontend(
-    channels: IpcChannels,
-    args: ServerArgs,
-    metrics: ServerMetrics | None = None,
-    supervisor: Supervisor | None = None,
+    channels: IpcChannels, args: ServerArgs, supervisor: Supervisor | None = None
 ) -> FrontendManager:
     """A FrontendManager wired to the tokenizer worker; with a `supervisor`, it refuses
     requests while a worker is silent."""
     to_tokenizer = PushQueue(channels.tokenizer, TokenizerMsg)
-    inbox = AsyncPullQueue(channels.frontend, FrontendMsg)
+    inbox = AsyncPullQueue(channels.frontend, FRONTEND_WIRE)
     return FrontendManager(
         to_tokenizer.put,
         inbox.get,
@@ -71,8 +67,6 @@ def connect_frontend(
         max_response_bytes=args.max_response_bytes,
         report_cached_tokens=not args.hide_cached_tokens,
         max_concurrent=args.max_concurrent_requests,
-        metrics=metrics,
-        timelines=Timelines(args.debug_history),
         worker_fault=supervisor.silent_worker if supervisor is not None else None,
     )
 
@@ -103,8 +97,7 @@ def launch_server(args: ServerArgs) -> int:
         return launch_ranks(args)
     try:
         with Supervisor(args).running() as supervisor:
-            metrics = ServerMetrics()
-            frontend = connect_frontend(supervisor.channels, args, metrics, supervisor)
+            frontend = connect_frontend(supervisor.channels, args, supervisor)
             # the parts of the CUDA fast path the engine's self-check fell back from
             degraded = supervisor.degraded
             app = create_app(

@@ -1,12 +1,12 @@
 """Prometheus metrics of the API server (`GET /metrics`).
 
-Contract: one `ServerMetrics` per app, on its own registry (no global state). It only
-counts what it is told; it reads no request state. The FrontendManager reports tokens as
-they arrive (`on_first_token`, `on_tokens`) and, when a request's scope closes, the
-`Outcome` it decided with its error code (`on_request_end`); the HTTP layer reports
-requests refused before they reached the backend (`on_rejected`). The scheduler's share
-of each request's timeline (`on_timeline`) gives the metrics vLLM exposes under the same
-names and meanings: queue, prefill, decode and inference time of each finished request,
+Contract: one `ServerMetrics` per app, on its own registry (no global state). It is an
+observer of the FrontendManager (minisgl/observe.py): it counts tokens as replies arrive,
+and, when a request's scope closes, the `Outcome` the frontend decided with its error code;
+requests refused before they reached the backend come as a "refused" event (and from the
+middleware, `on_rejected`). The scheduler's share of each request's timeline (a
+`TimelineMsg` in its inbox) gives the metrics vLLM exposes under the same names and
+meanings: queue, prefill, decode and inference time of each finished request,
 preemptions and the tokens of each step. Gauges of the workers (running, pending, KV
 pages) are read at scrape time from the same state query that serves /debug/lifecycle.
 `minisgl_engine_fallback{part}` is 1 for each part of the CUDA fast path the engine's
@@ -15,12 +15,17 @@ start-up self-check fell back from (`set_fallbacks`), 0 for the others.
 
 from __future__ import annotations
 
-import enum
+import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from minisgl.message import SchedulerState, TimelineMsg
-from minisgl.message.timeline import SCHEDULER, Finished, Preempted
+from minisgl.message import SchedulerState, UserReply
+from minisgl.observe import Outcome, RequestObserver
+from minisgl.timeline.events import SCHEDULER, Finished, Preempted, TimelineMsg
+
+from .frontend import RequestState
+from .middleware import arrival_var
 
 # the parts of the CUDA fast path the engine's self-check can fall back from
 # (engine/selfcheck.py): the Triton attention backend, the decode CUDA graphs, overlap
@@ -33,17 +38,10 @@ _REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30
 _STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
-class Outcome(enum.Enum):
-    """How a request that reached the backend ended (the `outcome` label)."""
-
-    FINISHED = "finished"
-    ABORTED_CLIENT = "aborted_client"  # disconnect or early exit
-    ABORTED_SLOW_CLIENT = "aborted_slow_client"  # output cap or stalled send
-    ERROR = "error"  # with the OpenAI error code as the `code` label
-
-
-class ServerMetrics:
+class ServerMetrics(RequestObserver):
     def __init__(self) -> None:
+        # per request in flight: (arrival, scope opened, latest output token or None)
+        self._live: dict[int, list[Any]] = {}
         self.registry = r = CollectorRegistry()
         self.requests = Counter(
             "minisgl_requests", "Requests by outcome", ["outcome", "code"], registry=r
@@ -143,7 +141,43 @@ class ServerMetrics:
         for part in (*FALLBACK_PARTS, *(p for p in degraded if p not in FALLBACK_PARTS)):
             self.fallback.labels(part).set(1 if part in degraded else 0)
 
-    # ------------------------------------------------------------ events
+    # ------------------------------------------------------------ the frontend's hooks
+    def received(self, state: RequestState, /, **detail: Any) -> None:
+        now = time.monotonic()
+        arrival = arrival_var.get()
+        self._live[state.uid] = [arrival[0] if arrival else now, now, None]
+
+    def reply(self, state: RequestState, reply: UserReply, /) -> None:
+        new_tokens = reply.completion_tokens - state.buffer.choices[reply.index].tokens
+        if new_tokens <= 0:
+            return
+        live, now, gap = self._live[state.uid], time.monotonic(), None
+        if live[2] is None:
+            self.on_first_token(now - live[1], reply.prompt_tokens)
+        else:
+            gap = (now - live[2]) / new_tokens
+        self.on_tokens(new_tokens, gap)
+        live[2] = now
+
+    def event(self, state: RequestState | None, name: str, /, **detail: Any) -> None:
+        if name == "refused":
+            self.on_rejected(detail["code"])
+        elif name == "disconnected":
+            self.on_disconnect()
+
+    def ended(self, state: RequestState, outcome: Outcome, /, code: str = "", **detail) -> None:
+        arrival = self._live.pop(state.uid)[0]
+        self.on_request_end(outcome, code)
+        if outcome is Outcome.FINISHED:
+            self.on_finished(time.monotonic() - arrival)
+
+    def inbox(self, msg: Any, /) -> bool:
+        if not isinstance(msg, TimelineMsg):
+            return False
+        self.on_timeline(msg)
+        return True
+
+    # ------------------------------------------------------------ counts
     def on_first_token(self, ttft: float, prompt_tokens: int) -> None:
         self.ttft.observe(ttft)
         self.prompt_tokens.inc(prompt_tokens)

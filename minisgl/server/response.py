@@ -11,10 +11,10 @@ the first byte) cancels the serving task, so the scope exits early and sends Abo
 - An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`
   (on /v1/responses a `response.failed` event: the format decides, see formats.py and
   responses_format.py).
-- Every send of output to the client runs inside `state.sending()`; the stall sweeper
-  cancels a request whose send has blocked longer than `--client-stall-timeout` (the
-  client reads nothing while output waits). The connection is then closed without a final
-  chunk.
+- Every send of output to the client runs inside `frontend.sending(state)`; the stall
+  sweeper (stalls.py) cancels a request whose send has blocked longer than
+  `--client-stall-timeout` (the client reads nothing while output waits). The connection
+  is then closed without a final chunk.
 """
 
 from __future__ import annotations
@@ -96,16 +96,15 @@ class _CompletionResponse(Response):
 
     async def __call__(self, scope, receive: Receive, send: Send) -> None:
         self.scope, self.receive = scope, receive
-        disconnected = await serve_until_disconnect(self._serve_or_refuse(send), receive)
-        if disconnected and self.frontend.metrics is not None:
-            self.frontend.metrics.on_disconnect()
+        if await serve_until_disconnect(self._serve_or_refuse(send), receive):
+            self.frontend.observer.event(None, "disconnected")
 
     async def _serve_or_refuse(self, send: Send) -> None:
         try:
             await self.serve(send)
         except RequestFailed as refused:  # before the request reached the backend
-            if self.frontend.metrics is not None:
-                self.frontend.metrics.on_rejected(error_code(refused.error) or "refused")
+            code = error_code(refused.error) or "refused"
+            self.frontend.observer.event(None, "refused", code=code)
             await self.send_error(send, refused.error)
 
     async def send_error(self, send: Send, error: ErrorInfo) -> None:
@@ -153,7 +152,9 @@ class FullResponse(_CompletionResponse):
                 out.cached_tokens,
                 out.reasoning_open,
             )
-            with states[0].sending():  # a client that never reads this body is a stall too
+            with self.frontend.sending(
+                states[0]
+            ):  # a client that never reads this body is a stall too
                 await self.send_response(send, json_response(200, body))
 
 
@@ -185,7 +186,7 @@ class StreamResponse(_CompletionResponse):
                     body = job.fmt.chunks(out)
                     if out.finished:
                         body += job.fmt.closing(out, job.include_usage)
-                    with states[0].sending():
+                    with self.frontend.sending(states[0]):
                         more = not out.finished
                         await send({"type": "http.response.body", "body": body, "more_body": more})
                     if out.finished:

@@ -98,8 +98,8 @@ class Supervisor:
 
     def _start(self, model_dir: Path) -> None:
         from minisgl.distributed_worker import rank_worker
-        from minisgl.scheduler.io import scheduler_worker
-        from minisgl.tokenizer.server import tokenize_worker
+
+        from .workers import scheduler_worker, tokenize_worker
 
         ctx = mp.get_context("spawn")  # fork is unsafe with CUDA and with threads
         args = dataclasses.replace(self.args, dist_init_method=_dist_init_method(self.args))

@@ -21,9 +21,9 @@ Contract (per uid):
 - BackendErrorMsg: drop the decode state, send the error on as the terminal UserReply.
 - LifecycleQueryMsg: forwarded to the scheduler; its answer comes back as SchedulerStateMsg
   and goes to the API server together with this worker's own counts.
-- TimelineMsg (the scheduler's timeline events): passed on to the API server, with this
-  worker's own events (tokenized, first output, stop string, and its end: finished,
-  aborted or error; recorded by its `recorder`, an EventLog when timelines are on) added, in the batch that goes out after the messages that caused them.
+- Observers (minisgl/observe.py, added with `observe`) hear each request tokenized, its
+  first output, a grammar compiled, a stop string and its end; any other message (the
+  scheduler's observers' batches) is theirs to take, or is passed on to the API server.
 Consecutive DetokenizeMsgs are decoded in one batched tokenizer call.
 """
 
@@ -36,8 +36,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from pathlib import Path
 
 from minisgl.message import (
     AbortBackendMsg,
@@ -52,32 +50,18 @@ from minisgl.message import (
     LifecycleStateMsg,
     SchedulerStateMsg,
     StateQueryMsg,
-    TimelineMsg,
     TokenizeMsg,
     TokenizerMsg,
     UserMsg,
     UserReply,
     unpack_ids,
 )
-from minisgl.message.timeline import (
-    TOKENIZER,
-    Aborted,
-    Compiled,
-    Errored,
-    EventLog,
-    Finished,
-    FirstOutput,
-    Recorder,
-    StopString,
-    Tokenized,
-)
-from minisgl.utils.worker import ParentWatch, Serving, run_worker
+from minisgl.observe import Observers, RequestObserver
 
 from .detokenize import DetokenizeManager
 from .tokenize import (
     ToolsUnsupported,
     build_prompt_ids,
-    load_tokenizer,
     longest_token_bytes,
     reasoning_open,
 )
@@ -127,7 +111,6 @@ class TokenizerWorker:
         tokenizer,
         send_backend: Callable[[list[BackendMsg]], None],
         send_frontend: Callable[[list[FrontendMsg]], None],
-        recorder: Recorder | None = None,
         compiler=None,
         grammar_max_bytes: int = 1 << 17,
         max_seq_len: int | None = None,
@@ -137,9 +120,7 @@ class TokenizerWorker:
         self.detokenize_manager = DetokenizeManager(tokenizer)
         self.send_backend = send_backend
         self.send_frontend = send_frontend
-        # this worker's own timeline events (an EventLog); by default none are recorded
-        self.recorder = recorder if recorder is not None else Recorder()
-        self._batch = TimelineMsg([])  # the scheduler's events to pass on with the next send
+        self.observer = Observers()
         # grammar/pool.py's GrammarCompiler, or a function that makes one when it is first
         # needed (offline: no compile process until a request is constrained); None: none
         self.compiler = None if callable(compiler) else compiler
@@ -162,20 +143,8 @@ class TokenizerWorker:
         self._prompt_thread: ThreadPoolExecutor | None = None
         self._wake_read = self._wake_write = -1
 
-    def _take_timeline(self) -> list[FrontendMsg]:
-        batch = self._batch
-        batch.events += self.recorder.take()
-        if not (batch.events or batch.step_tokens or batch.kv):
-            return []
-        self._batch = TimelineMsg([])
-        return [batch]
-
-    def _pass_on(self, msg: TimelineMsg) -> None:
-        """The scheduler's timeline batch joins this worker's."""
-        self._batch.events += self.recorder.take()  # in order: its own events until now
-        self._batch.events += msg.events
-        self._batch.step_tokens += msg.step_tokens
-        self._batch.kv = msg.kv or self._batch.kv
+    def observe(self, observer: RequestObserver) -> None:
+        self.observer.add(observer)
 
     def state(self) -> dict[str, int]:
         return {
@@ -217,7 +186,7 @@ class TokenizerWorker:
             elif isinstance(msg, AbortMsg):
                 uid = msg.uid
                 if uid in self.detokenize_manager.decode_map or self._preparing(uid):
-                    self.recorder.record(uid, Aborted)
+                    self.observer.ended(uid, "aborted")
                 self.detokenize_manager.remove(uid)  # the decode state goes too
                 self._tokenizing.pop(uid, None)  # its tokens are dropped when they come
                 if self._compiling.pop(uid, None) is not None:
@@ -229,10 +198,10 @@ class TokenizerWorker:
                 to_backend.append(StateQueryMsg(msg.query_id, msg.flush_cache))
             elif isinstance(msg, SchedulerStateMsg):
                 to_frontend.append(LifecycleStateMsg(msg.query_id, self.state(), msg.state))
-            elif isinstance(msg, TimelineMsg):
-                self._pass_on(msg)
+            elif not self.observer.inbox(msg):  # the scheduler's observers': theirs, or on
+                to_frontend.append(msg)
         to_frontend += self._detokenize(run, to_backend)
-        to_frontend += self._take_timeline()  # after the replies its events describe
+        to_frontend += self.observer.outbox()  # after the replies its events describe
         self.send_backend(to_backend)
         self.send_frontend(to_frontend)
 
@@ -314,7 +283,7 @@ class TokenizerWorker:
 
     def _tokenized(self, msg: TokenizeMsg, ids: list[int], to_frontend) -> list[BackendMsg]:
         """The prompt's tokens are known: compile its constraints, or send it on."""
-        self.recorder.record(msg.uid, Tokenized, prompt_tokens=len(ids))
+        self.observer.received(msg.uid, prompt_tokens=len(ids))
         job = self._compile_job(msg)
         if job is None:
             return self._admit(msg, ids, to_frontend)
@@ -363,7 +332,7 @@ class TokenizerWorker:
 
     def _refuse(self, uid: int, error: ErrorInfo, to_frontend: list[FrontendMsg]) -> list:
         """A request that cannot start: one error reply, no decode state, nothing sent on."""
-        self.recorder.record(uid, Errored, kind=error.kind.value)
+        self.observer.ended(uid, "error", kind=error.kind.value)
         to_frontend.append(UserReply(uid, finished=True, error=error))
         return []
 
@@ -433,7 +402,7 @@ class TokenizerWorker:
     def _compile_done(self, waiting: _Compiling, grammar, failed, error, to_frontend) -> list:
         uid = waiting.msg.uid
         if error is None:
-            self.recorder.record(uid, Compiled)
+            self.observer.event(uid, "compiled")
             return self._admit(waiting.msg, waiting.ids, to_frontend, grammar)
         param, where = waiting.fields[failed]
         if not where and not error.startswith("not a usable"):  # a crash or a time limit
@@ -466,12 +435,12 @@ class TokenizerWorker:
             if reply is None:
                 continue  # late token of an aborted request or stopped choice: dropped
             if reply.completion_tokens == 1 and msg.index == 0:
-                self.recorder.record(msg.uid, FirstOutput)
+                self.observer.first_output(msg.uid)
             if i in stopped:
                 to_backend.append(AbortBackendMsg(msg.uid, msg.index))
-                self.recorder.record(msg.uid, StopString, index=msg.index)
+                self.observer.event(msg.uid, "stop_string", index=msg.index)
             if reply.finished:
-                self.recorder.record(msg.uid, Finished, reason=reply.finish_reason)
+                self.observer.ended(msg.uid, "finished", reason=reply.finish_reason)
             replies.append(reply)
         return replies
 
@@ -480,7 +449,7 @@ class TokenizerWorker:
         if state is None:
             return []  # already aborted: the API server has forgotten this uid
         self.detokenize_manager.remove(msg.uid)
-        self.recorder.record(msg.uid, Errored, kind=msg.error.kind.value)
+        self.observer.ended(msg.uid, "error", kind=msg.error.kind.value)
         generated = sum(c.tokens for c in state.choices)
         return [
             UserReply(
@@ -491,53 +460,3 @@ class TokenizerWorker:
                 completion_tokens=generated,
             )
         ]
-
-
-def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbeat=None) -> None:
-    """Process entry point: serve until the parent process goes away (the start-up
-    protocol: utils/worker.py)."""
-
-    def build(parent: ParentWatch) -> Serving:
-        from minisgl.grammar import TokenTable
-        from minisgl.grammar.pool import GrammarCompiler
-        from minisgl.models.config import ModelConfig
-        from minisgl.utils.zmq import PullQueue, PushQueue
-
-        tokenizer = load_tokenizer(model_dir, args.chat_template)
-        if tokenizer is None:
-            raise RuntimeError(f"{model_dir} has no tokenizer: the server needs one")
-        model = ModelConfig.from_dir(model_dir)
-        table = TokenTable.of(tokenizer, model.vocab_size)
-        # the engine's context is at most this (it may be less: the KV pool bounds it too)
-        context = min(
-            args.engine_config.max_seq_len or model.max_position_embeddings,
-            model.max_position_embeddings,
-        )
-        compiler = GrammarCompiler(table, timeout=args.grammar_compile_timeout)
-        inbox = PullQueue(channels.tokenizer, TokenizerMsg)
-        to_scheduler = PushQueue(channels.scheduler, BackendMsg)
-        to_api = PushQueue(channels.frontend, FrontendMsg)
-        worker = TokenizerWorker(
-            tokenizer,
-            to_scheduler.put,
-            to_api.put,
-            recorder=EventLog(TOKENIZER) if args.debug_history > 0 else None,
-            compiler=compiler,
-            grammar_max_bytes=args.grammar_max_bytes,
-            max_seq_len=context,
-            escape_special=args.escape_special_tokens,
-        )
-
-        def serve() -> None:
-            try:
-                while True:
-                    msgs = inbox.get(timeout_ms=worker.wait_ms(500), wake_on=worker.fds())
-                    worker.handle(msgs)  # with nothing received, it collects compiled grammars
-                    if not msgs and not parent.alive():
-                        return
-            finally:
-                compiler.close()
-
-        return Serving(serve)
-
-    run_worker("tokenizer", "tokenizer worker", args.log_level, build, ready, heartbeat)

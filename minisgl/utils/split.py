@@ -12,7 +12,7 @@ Contract:
   halves of one operator cut some other way (a weight's output columns).
 - `helper_thread_pays(device)`: the case it is built for, a CPU scheduler whose torch
   computes on one thread (two cores: the API server and the tokenizer worker need the
-  other, see minisgl.scheduler.io.share_cpu_cores), in a process that is not one of several
+  other, see minisgl.engine.threads.share_cpu_cores), in a process that is not one of several
   tensor-parallel ranks (those share the cores among themselves already).
 - `worth_splitting(rows, work_per_row, threshold)`: work smaller than `threshold` (multiply-
   adds of the int4 kernel, `SPLIT_WORK` by default) stays on one thread, where handing half

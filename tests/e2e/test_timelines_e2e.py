@@ -27,7 +27,7 @@ from e2e_helpers import (
     tokens_body,
 )
 
-from minisgl.message import END_EVENTS
+from minisgl.timeline.events import END_EVENTS
 
 pytestmark = pytest.mark.server(KEY_SERVER)
 

@@ -18,6 +18,7 @@ from minisgl.core import SamplingParams
 from minisgl.message import ErrorInfo, ErrorKind, LifecycleStateMsg, TokenizeMsg, UserReply
 from minisgl.server.errors import RequestFailed, to_http
 from minisgl.server.frontend import FrontendManager, Lifecycle, Output
+from minisgl.server.stalls import StallSweeper
 from minisgl.testing.fakes import listening, make_frontend, scheduler_state, settle
 
 ZERO = {"requests": 0, "pending_bytes": 0}
@@ -399,28 +400,33 @@ async def test_fail_all_ends_every_live_request_promptly_and_refuses_new_ones(fb
 
 async def test_check_stalls_cancels_only_a_send_blocked_past_the_timeout(fb):
     frontend, backend = fb
+    sweeper = StallSweeper(timeout=5)
+    frontend.observe(sweeper)
     loop = asyncio.get_running_loop()
     blocked_send = asyncio.Event()  # never set: the client reads nothing
 
     async def serve(tag: str, since: float | None):
         async with frontend.request(prompt(tag)) as state:
-            state.task = asyncio.current_task()
-            state.sending_since = since
-            await blocked_send.wait()
+            if since is None:  # not sending
+                await blocked_send.wait()
+                return
+            with frontend.sending(state):
+                sweeper.sending[state.uid] = (state, asyncio.current_task(), since)  # began then
+                await blocked_send.wait()
 
     now = loop.time()
     old = asyncio.create_task(serve("old", now - 10))
     recent = asyncio.create_task(serve("recent", now - 1))
     idle = asyncio.create_task(serve("idle", None))
     await settle()
-    frontend.check_stalls(now, timeout=5)
+    sweeper.check(now)
     await settle()
     assert old.cancelled()
     assert not recent.done() and not idle.done()
     assert set(frontend.states) == {uid_of(backend, "recent"), uid_of(backend, "idle")}
     assert backend.aborts() == [uid_of(backend, "old")]
 
-    frontend.check_stalls(now + 6, timeout=5)  # now the other one is stalled too
+    sweeper.check(now + 6)  # now the other one is stalled too
     await settle()
     assert recent.cancelled() and not idle.done()
     idle.cancel()

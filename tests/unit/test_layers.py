@@ -27,6 +27,8 @@ LAYERS: dict[str, int] = {
     "utils": 0,
     "templates": 0,
     "rules": 0,  # the request rules SamplingParams declares its fields with (core.py)
+    # the observer hooks every component calls (metrics, timelines, the stall sweeper)
+    "observe": 0,
     # the request types, tensor-parallel collectives, the page pool, grammar compilation
     "core": 1,
     "distributed": 1,
@@ -43,6 +45,8 @@ LAYERS: dict[str, int] = {
     "tokenizer": 4,
     # a tensor-parallel rank's process: an engine and a scheduler that follows rank 0
     "distributed_worker": 5,
+    # observers the server attaches to the components above: request timelines
+    "timeline": 5,
     # the HTTP server and its launcher; the CUDA fast path's check
     "server": 6,
     "doctor": 6,

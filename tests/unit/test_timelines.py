@@ -13,36 +13,35 @@ from tiny import make_tokenizer, tiny_cpu_engine
 
 from minisgl.core import Batch, SamplingParams
 from minisgl.message import (
-    END_EVENTS,
     AbortBackendMsg,
     AbortMsg,
     BackendErrorMsg,
     DetokenizeMsg,
     ErrorInfo,
     ErrorKind,
-    TimelineMsg,
     TokenizeMsg,
     UserMsg,
     UserReply,
 )
-from minisgl.message.timeline import (
-    TOKENIZER,
+from minisgl.scheduler import Scheduler
+from minisgl.scheduler.config import SchedulerConfig
+from minisgl.server.frontend import FrontendManager
+from minisgl.testing.fakes import FakeBackend, listening, wait_until
+from minisgl.timeline.api import ApiTimeline, Timelines
+from minisgl.timeline.events import (
+    END_EVENTS,
     Aborted,
     AnyEvent,
     Decode,
     End,
-    EventLog,
     Finished,
     FirstOutput,
     PrefillChunk,
     Queued,
+    TimelineMsg,
 )
-from minisgl.scheduler import Scheduler
-from minisgl.scheduler.config import SchedulerConfig
-from minisgl.scheduler.timeline import SchedulerTimeline
-from minisgl.server.frontend import FrontendManager
-from minisgl.server.timelines import Timelines
-from minisgl.testing.fakes import FakeBackend, listening, wait_until
+from minisgl.timeline.scheduler import SchedulerTimeline
+from minisgl.timeline.tokenizer import TokenizerTimeline
 from minisgl.tokenizer.server import TokenizerWorker
 
 
@@ -155,6 +154,14 @@ def _user(uid: int, length: int, **params) -> UserMsg:
     return UserMsg.make(uid, ids, SamplingParams(**params))
 
 
+def _timed(engine, max_prefill_tokens: int, **options) -> tuple[Scheduler, SchedulerTimeline]:
+    """A scheduler with a timeline observing it."""
+    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=max_prefill_tokens))
+    timeline = SchedulerTimeline(sched.policy, **options)
+    sched.observe(timeline)
+    return sched, timeline
+
+
 def _run(sched: Scheduler, msgs=(), until_idle=True, steps=None) -> list[AnyEvent]:
     for msg in msgs:
         sched.process_msg(msg)
@@ -162,7 +169,7 @@ def _run(sched: Scheduler, msgs=(), until_idle=True, steps=None) -> list[AnyEven
         if until_idle and not sched.has_work:
             break
         sched.step()
-    return sched.timeline_batch().events
+    return [e for batch in sched.observer.outbox(True) for e in batch.events]
 
 
 def _by_uid(events: list[AnyEvent]) -> dict[int, list[AnyEvent]]:
@@ -183,7 +190,7 @@ def assert_well_formed(events: list[AnyEvent]) -> None:
 
 
 def test_a_finished_request_is_queued_prefilled_decoded_and_finished(engine):
-    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=8), SchedulerTimeline())
+    sched, timeline = _timed(engine, 8)
     events = _run(sched, [_user(1, 20, max_tokens=6, ignore_eos=True)])
     assert_well_formed(events)
     names = [e.event for e in events]
@@ -200,11 +207,11 @@ def test_a_finished_request_is_queued_prefilled_decoded_and_finished(engine):
     assert end.reason == "length" and end.preemptions == 0
     assert end.queue_s >= 0 and end.prefill_s >= 0 and end.decode_s >= 0
     assert list(end.detail()) == ["reason", "preemptions", "queue_s", "prefill_s", "decode_s"]
-    assert sched.timeline.lives == {}
+    assert timeline.lives == {}
 
 
 def test_every_way_of_ending_has_its_end_event(engine):
-    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=64), SchedulerTimeline())
+    sched, timeline = _timed(engine, 64)
     events = _run(sched, [
         _user(1, 9, max_tokens=40, ignore_eos=True),   # aborted after a few steps
         _user(2, 9, max_tokens=40, ignore_eos=True, n=2),  # both choices stopped by strings
@@ -222,21 +229,21 @@ def test_every_way_of_ending_has_its_end_event(engine):
     assert timelines[3][-1].detail() == {"kind": "context_length_exceeded"}
     assert timelines[3][0].detail() == {}  # refused at admission: queued, no counts
     assert timelines[4][-1].event == "finished" and timelines[4][-1].reason == "length"
-    assert sched.timeline.lives == {}
+    assert timeline.lives == {}
     # a late abort of an ended request adds nothing
     assert _run(sched, [AbortBackendMsg(4), AbortBackendMsg(1)]) == []
 
 
 def test_an_abort_before_the_first_choice_forks_ends_all_its_choices(engine):
-    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=4), SchedulerTimeline())
+    sched, timeline = _timed(engine, 4)
     events = _run(sched, [_user(1, 30, max_tokens=5, n=4)], until_idle=False, steps=2)
     events += _run(sched, [AbortBackendMsg(1)])
-    assert events[-1].event == "aborted" and sched.timeline.lives == {}
+    assert events[-1].event == "aborted" and timeline.lives == {}
 
 
 def test_preempted_requests_say_so_and_are_readmitted(tiny_dirs):
     engine = tiny_cpu_engine(tiny_dirs["llama"], num_pages=12, page_size=4)
-    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=64), SchedulerTimeline())
+    sched, _ = _timed(engine, 64)
     users = [_user(uid, 8, max_tokens=14, ignore_eos=True) for uid in range(1, 4)]
     events = _run(sched, users)
     assert sched.num_preemptions > 0
@@ -252,9 +259,7 @@ def test_preempted_requests_say_so_and_are_readmitted(tiny_dirs):
 
 
 def test_without_detail_only_what_the_metrics_need_is_recorded(engine):
-    sched = Scheduler(
-        engine, SchedulerConfig(max_prefill_tokens=8), SchedulerTimeline(detailed=False)
-    )
+    sched, _ = _timed(engine, 8, detailed=False)
     events = _run(sched, [_user(1, 20, max_tokens=6, ignore_eos=True)])
     assert [e.event for e in events] == ["queued", "first_token", "finished"]
     assert events[-1].timed
@@ -277,8 +282,8 @@ def test_a_batch_is_due_every_flush_period_and_when_idle():
 def test_the_tokenizer_worker_adds_its_events_to_what_it_passes_on(tmp_path):
     tokenizer = make_tokenizer(tmp_path)
     sent: list = []
-    log = EventLog(TOKENIZER)
-    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend, recorder=log)
+    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend)
+    worker.observe(TokenizerTimeline())
     params = SamplingParams(max_tokens=3, stop=["zz"])
     ids = tokenizer.encode("hello", add_special_tokens=False)
     scheduler_batch = TimelineMsg([Queued(1, "scheduler", 1.0)], [4], (1.0, 2, 0, 9))
@@ -304,9 +309,8 @@ def test_the_tokenizer_worker_adds_its_events_to_what_it_passes_on(tmp_path):
 
 def test_the_tokenizer_worker_records_a_backend_error_with_its_kind(tmp_path):
     sent: list = []
-    worker = TokenizerWorker(
-        make_tokenizer(tmp_path), lambda m: None, sent.extend, recorder=EventLog(TOKENIZER)
-    )
+    worker = TokenizerWorker(make_tokenizer(tmp_path), lambda m: None, sent.extend)
+    worker.observe(TokenizerTimeline())
     worker.handle([TokenizeMsg(3, SamplingParams(), text="a")])
     worker.handle([BackendErrorMsg(3, ErrorInfo(ErrorKind.INTERNAL, "x"))])
     events = [e for m in sent if isinstance(m, TimelineMsg) for e in m.events]
@@ -341,7 +345,8 @@ def test_a_tokenizer_worker_without_timelines_still_passes_the_schedulers_on(tmp
 async def test_the_api_server_names_how_each_request_ended(ending, event, detail):
     backend = FakeBackend()
     store = Timelines(history=4)
-    frontend = FrontendManager(backend.send, backend.recv, max_pending_bytes=8, timelines=store)
+    frontend = FrontendManager(backend.send, backend.recv, max_pending_bytes=8)
+    frontend.observe(ApiTimeline(store))
 
     async def serve():
         async with frontend.request(
@@ -383,7 +388,7 @@ async def test_the_api_server_names_how_each_request_ended(ending, event, detail
 
 
 # ---------------------------------------------------------------- the step's phase marks
-def test_a_step_marks_its_phases_in_the_recorder_the_scheduler_hands_its_engine(engine):
+def test_a_step_marks_its_phases_in_the_observers_the_scheduler_hands_its_engine(engine):
     class Marks(SchedulerTimeline):
         def __init__(self) -> None:
             super().__init__()
@@ -393,11 +398,12 @@ def test_a_step_marks_its_phases_in_the_recorder_the_scheduler_hands_its_engine(
             self.marks.append(name)
 
     marks = Marks()
-    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=64), marks)
-    assert engine.recorder is marks
+    sched = Scheduler(engine, SchedulerConfig(max_prefill_tokens=64))
+    sched.observe(marks)
+    assert engine.observer is sched.observer and marks in engine.observer.observers
     sched.process_msg(_user(1, 5, max_tokens=3, ignore_eos=True))
     sched.step()
     assert marks.marks == ["schedule", "post", "prepare", "forward", "prepare", "sample",
                            "post", "sample", "post"]  # fmt: skip
     Scheduler(engine)  # the engine's next scheduler: its marks go there, not here
-    assert not isinstance(engine.recorder, Marks)
+    assert marks not in engine.observer.observers

@@ -1,23 +1,14 @@
 """Timeline events: what happened to a request in each process, and when.
 
-Contract: a timeline event is one thing that happened to one uid in one process
-("api", "tokenizer", "scheduler"), at `t` on the machine's monotonic clock (shared by the
-three processes), with a few numbers or words of detail; never a prompt or an output. Each
-kind of event is its own Struct (tagged by the event's name, the `event` field of
-GET /debug/requests), so a consumer matches on the type, not on a string. A detail field
-left UNSET is absent from the event's JSON; one set to None is there as null. The
-workers batch their events into a `TimelineMsg` that rides in a send that goes out anyway
-(the scheduler adds its batch at most every few tenths of a second, and when it goes
-idle): no message per token, nothing that waits. The scheduler's batch also carries the
-token count of each step it ran (`step_tokens`) and a sample of its KV pages (`kv`).
-
-A process records its own events through a `Recorder`: `record(uid, kind, **detail)`
-adds an event of that kind, now, and `take()` hands over (and forgets) what it recorded.
-The `Recorder` itself records nothing (timelines off: `--debug-history 0`, the offline
-API), so a component calls it unconditionally; an `EventLog` keeps them. The scheduler
-hands its recorder to its engine, and both call `phase(name)` where a step's time starts
-to count toward another phase ("schedule", "prepare", "forward", "sample", "post"): a
-no-op here, a lap clock in benchmarks/step_overhead.py.
+Contract: a timeline event is one thing that happened to one uid in one process ("api",
+"tokenizer", "scheduler"), at `t` on the machine's monotonic clock (shared by the three
+processes), with a few numbers or words of detail; never a prompt or an output. Each kind
+is its own Struct tagged with the event's name (the `event` field of GET /debug/requests):
+a consumer matches on the type, and `KINDS` finds the type from the name an observer hook
+was given. A detail field left UNSET is absent from the event's JSON; one set to None is
+there as null. The workers batch their events into a `TimelineMsg` that rides in a send
+that goes out anyway; the scheduler's batch also carries the token count of each step it
+ran (`step_tokens`) and a sample of its KV pages (`kv`).
 
 Each process ends a uid's timeline with exactly one end event (an `End`), its last:
 - api: `Finished` (reason), `Aborted` (by: client_disconnect, slow_client, stall,
@@ -30,8 +21,6 @@ Each process ends a uid's timeline with exactly one end event (an `End`), its la
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -199,30 +188,8 @@ class TimelineMsg(msgspec.Struct, tag=True):
 END_EVENTS = frozenset(kind.__struct_config__.tag for kind in (Finished, Aborted, Errored))
 
 
-class Recorder:
-    """Where a component records its own timeline events; this one records nothing."""
-
-    def record(self, uid: int, event: type[TimelineEvent], /, **detail: Any) -> None:
-        pass
-
-    def take(self) -> list[AnyEvent]:
-        return []
-
-    def phase(self, name: str) -> None:
-        """From now on the step's time counts toward phase `name` (see the module)."""
-
-
-class EventLog(Recorder):
-    """Keeps the events of `process`, stamped with `clock()`, until they are taken."""
-
-    def __init__(self, process: str, clock: Callable[[], float] = time.monotonic) -> None:
-        self.process = process
-        self.clock = clock
-        self.events: list[AnyEvent] = []
-
-    def record(self, uid: int, event: type[TimelineEvent], /, **detail: Any) -> None:
-        self.events.append(event(uid, self.process, self.clock(), **detail))
-
-    def take(self) -> list[AnyEvent]:
-        events, self.events = self.events, []
-        return events
+# every event kind by its name, for observers told an event's name (`RequestObserver.event`)
+KINDS: dict[str, type[TimelineEvent]] = {
+    kind.__struct_config__.tag: kind
+    for kind in AnyEvent.__args__  # type: ignore[attr-defined]
+}

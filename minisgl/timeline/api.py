@@ -1,47 +1,54 @@
-"""Timelines: the API server's record of each request's life in all three processes.
+"""The API server's record of each request's life in all three processes.
 
-Contract: `start(uid, ...)` opens a request's timeline when its scope begins (with when
-the HTTP request came in and when its TokenizeMsg went out); `record(uid, Kind, ...)`
-adds an event of the API server (the Recorder interface of message/timeline.py);
-`add(msg)` adds a batch of the workers' events (`TimelineMsg`); `end(event, ...)` records
-the API server's end (an `End`) and moves the timeline to the ring of ended ones, which
-keeps the last `history` (0: none). Workers' events that come after the API server's end
-still join their timeline while it is in the ring; events for a uid that is in neither
-are dropped. Within one process, an end event (`Finished`, `Aborted`, `Errored`) is the
-last: an event after it is not recorded but counted (`late_events`), so that a test can
-prove there are none. `NoTimelines` records nothing and answers as an empty store (the
-FrontendManager's default).
-
-Consecutive "decode" spans of the scheduler are merged into one, so a long request keeps
-a handful of events, not one per flush. The KV page samples that come with the
-scheduler's batches are kept for the last KV_WINDOW_S seconds, at most one per second.
+Contract: `Timelines` is the store. `start(uid, ...)` opens a request's timeline (with when
+the HTTP request came in and when its TokenizeMsg went out); `record(uid, Kind)` adds an
+event of the API server; `add(msg)` adds a batch of the workers' events (`TimelineMsg`);
+`end(event, ...)` records the API server's end (an `End`) and moves the timeline to the
+ring of ended ones, which keeps the last `history` (0: none). Workers' events that come
+after the API server's end still join their timeline while it is in the ring; events for a
+uid in neither are dropped. Within one process an end event is the last: an event after it
+is not recorded but counted (`late_events`), so a test can prove there are none.
+Consecutive "decode" spans of one process merge into one. The KV page samples that come
+with the scheduler's batches are kept for the last KV_WINDOW_S seconds, at most one a second.
 
 `snapshot(counts, limit, since, request_id)` is the body of GET /debug/requests: at most
 `limit` timelines of each list (in flight, ended newest first), only ended ones after the
-`since`-th end when given (each ended timeline carries its `seq`, the order of its end, so
-a poller asks for what is new), or only those of one request id. However long the history,
-one answer is bounded. Times are seconds since the request's arrival; prompts and outputs
-are never recorded, only counts.
+`since`-th end (each ended timeline carries its `seq`), or only those of one request id.
+Times are seconds since the request's arrival; prompts and outputs are never recorded.
+
+`ApiTimeline` is the observer (minisgl/observe.py) that fills a store from the
+FrontendManager's hooks: the scope's start, the first output, how the request ended, and
+the workers' batches that reach the API server.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from minisgl.message import TimelineMsg
-from minisgl.message.timeline import (
+from minisgl.message import ErrorKind
+from minisgl.observe import Outcome, RequestObserver
+
+from .events import (
     API,
+    Aborted,
     Admitted,
     AnyEvent,
     Decode,
     End,
+    Errored,
+    Finished,
+    FirstOutput,
     Received,
-    Recorder,
     TimelineEvent,
+    TimelineMsg,
 )
+
+if TYPE_CHECKING:
+    from minisgl.server.frontend import RequestState
 
 KV_WINDOW_S = 300.0
 
@@ -106,7 +113,7 @@ class Timeline:
         return item
 
 
-class Timelines(Recorder):
+class Timelines:
     def __init__(self, history: int, clock=time.monotonic) -> None:
         self.history = history
         self.clock = clock
@@ -205,20 +212,44 @@ class Timelines(Recorder):
         }
 
 
-class NoTimelines(Timelines):
-    """Records nothing: the snapshot is an empty store's."""
+class ApiTimeline(RequestObserver):
+    """The FrontendManager's hooks, recorded into `store`; `arrival()` is when the HTTP
+    request being served came in and its path (None: unknown, as outside a server)."""
 
-    def __init__(self) -> None:
-        super().__init__(history=0)
+    def __init__(
+        self, store: Timelines, arrival: Callable[[], tuple[float, str] | None] = lambda: None
+    ) -> None:
+        self.store = store
+        self.arrival = arrival
 
-    def start(self, uid, request_id, endpoint, arrival, admitted) -> None:
-        pass
+    def received(self, state: RequestState, /, **detail: Any) -> None:
+        now = self.store.clock()
+        arrival, endpoint = self.arrival() or (now, "-")
+        self.store.start(state.uid, state.request_id, endpoint, arrival, now)
 
-    def record(self, uid, event, /, **detail) -> None:
-        pass
+    def first_output(self, state: RequestState, /) -> None:
+        self.store.record(state.uid, FirstOutput)
 
-    def add(self, msg: TimelineMsg) -> None:
-        pass
+    def ended(self, state: RequestState, outcome: Outcome, /, code: str = "", **detail) -> None:
+        end = end_event(state, outcome, code, self.store.clock())
+        self.store.end(end, state.buffer.prompt_tokens, state.buffer.completion_tokens)
 
-    def end(self, end: End, prompt_tokens: int, output_tokens: int) -> None:
-        pass
+    def inbox(self, msg: Any, /) -> bool:
+        if not isinstance(msg, TimelineMsg):
+            return False
+        self.store.add(msg)
+        return True
+
+
+def end_event(state: RequestState, outcome: Outcome, code: str, t: float) -> End:
+    """The API server's end of the request's timeline at `t`, from how it ended."""
+    uid, error = state.uid, state.buffer.error
+    if outcome is Outcome.FINISHED:
+        return Finished(uid, API, t, reason=state.buffer.choices[0].finish_reason)
+    if outcome is Outcome.ABORTED_CLIENT:
+        return Aborted(uid, API, t, by="client_disconnect")
+    if outcome is Outcome.ABORTED_SLOW_CLIENT:
+        return Aborted(uid, API, t, by="stall" if error is None else "slow_client")
+    if error is not None and error.kind is ErrorKind.SHUTTING_DOWN:
+        return Aborted(uid, API, t, by="shutdown")
+    return Errored(uid, API, t, code=code, kind=error.kind.value if error else None)

@@ -1,13 +1,13 @@
 """SchedulerTimeline: the scheduler's part of every request's timeline.
 
-Contract: the scheduler holds a `SchedulerRecorder`, whose methods do nothing (no
-timelines: the offline API, tests), or a `SchedulerTimeline`, and calls it where a request's life changes (queued, each prefill
-chunk, first token, preempted, each sequence's end) and once per step with the step's
-token count; `due(idle)` says whether a batch should go out now (every FLUSH_S while
-busy, at once when the scheduler goes idle), and `flush(running, kv)` returns it as a
-`TimelineMsg` (None when there is nothing to say). Nothing here runs per token: decode
-progress is counted at flush time, from the running sequences' lengths, as one "decode"
-event per request and batch.
+Contract: an observer of the Scheduler (minisgl/observe.py). Its hooks record a request's
+life: queued (`received`), refused at admission or before its first chunk (`ended` with a
+uid), each prefill chunk (`step`, with the step's token count), its first token,
+preemptions (`event`), each sequence's end (`ended` with the Req). `outbox(idle)` is the
+batch to send on, when `due`: every FLUSH_S while busy, at once when the scheduler goes
+idle; `flush(running, kv)` builds it as a `TimelineMsg`, with decode progress counted from
+the running sequences' lengths (one "decode" event per request and batch: nothing runs per
+token) and the KV pages of `policy`'s cache manager.
 
 A request's end is its last sequence's end (n choices end separately; an aborted first
 choice takes the choices it had not forked yet with it). That end event carries the
@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from minisgl.core import Batch, Req
-from minisgl.message import TimelineMsg
-from minisgl.message.timeline import (
+from minisgl.observe import RequestObserver
+
+from .events import (
     SCHEDULER,
     Aborted,
     CacheHit,
@@ -39,8 +41,8 @@ from minisgl.message.timeline import (
     PrefillChunk,
     Queued,
     Readmitted,
-    Recorder,
     TimelineEvent,
+    TimelineMsg,
 )
 
 
@@ -56,44 +58,11 @@ class _Life:
     unreported: int = 0  # decode tokens of ended sequences not in a decode event yet
 
 
-class SchedulerRecorder(Recorder):
-    """The hooks the scheduler calls where a request's life changes, beside the Recorder's
-    phase marks of each step; these record nothing (the scheduler's default: no timelines,
-    nothing to flush)."""
-
-    def queued(self, uid: int, n: int, prompt_tokens: int) -> None:
-        pass
-
-    def rejected(self, uid: int, kind: str) -> None:
-        pass
-
-    def errored(self, uid: int, kind: str) -> None:
-        pass
-
-    def step(self, batch: Batch, step: int) -> None:
-        """A step is launched: its prefill chunks and its token count."""
-
-    def first_tokens(self, reqs: list[Req]) -> None:
-        """The sequences that sampled from their prompt in a step that has been read."""
-
-    def preempted(self, reqs: list[Req]) -> None:
-        pass
-
-    def ended(self, req: Req, how: str, sequences: int = 1) -> None:
-        pass
-
-    def due(self, idle: bool) -> bool:
-        """Whether a batch should go out now (see `flush`)."""
-        return False
-
-    def flush(self, running: list[Req], kv: tuple[int, int, int]) -> TimelineMsg:
-        return TimelineMsg([])
-
-
-class SchedulerTimeline(SchedulerRecorder):
+class SchedulerTimeline(RequestObserver):
     FLUSH_S = 0.2
 
-    def __init__(self, detailed: bool = True, clock=time.monotonic) -> None:
+    def __init__(self, policy: Any = None, detailed: bool = True, clock=time.monotonic) -> None:
+        self.policy = policy  # whose running sequences and KV pages each batch reports
         self.detailed = detailed
         self.clock = clock
         self.events: list[TimelineEvent] = []
@@ -101,22 +70,53 @@ class SchedulerTimeline(SchedulerRecorder):
         self.lives: dict[int, _Life] = {}
         self._last_flush = clock()
 
-    # ------------------------------------------------------------ a request's life
-    def queued(self, uid: int, n: int, prompt_tokens: int) -> None:
+    # ------------------------------------------------------------ the scheduler's hooks
+    def received(self, uid: int, /, n: int = 1, prompt_tokens: int = 0, **detail: Any) -> None:
         now = self.clock()
         self.lives[uid] = _Life(n, now)
         self.events.append(Queued(uid, SCHEDULER, now, prompt_tokens=prompt_tokens, n=n))
 
-    def rejected(self, uid: int, kind: str) -> None:
-        """Refused at admission: queued and ended in one."""
-        now = self.clock()
-        self.events += [Queued(uid, SCHEDULER, now), Errored(uid, SCHEDULER, now, kind=kind)]
+    def ended(self, req: Req | int, how: str, /, sequences: int = 1, kind: str = "") -> None:
+        """`sequences` of a Req's request ended (`how`: a finish reason, "stop" for a stop
+        string, "aborted", or "error"); the last one ends the request. A uid alone: the
+        request was refused (`kind`) at admission, or before its first prefill chunk."""
+        if isinstance(req, Req):
+            self._sequences_ended(req, how, sequences)
+        elif self.lives.pop(req, None) is not None:  # queued, then refused (its grammar)
+            self.events.append(Errored(req, SCHEDULER, self.clock(), kind=kind))
+        else:  # refused at admission: queued and ended in one
+            now = self.clock()
+            self.events += [Queued(req, SCHEDULER, now), Errored(req, SCHEDULER, now, kind=kind)]
 
-    def errored(self, uid: int, kind: str) -> None:
-        """Queued, then refused before its first prefill chunk (its grammar)."""
-        if self.lives.pop(uid, None) is not None:
-            self.events.append(Errored(uid, SCHEDULER, self.clock(), kind=kind))
+    def step(self, batch: Batch, number: int, /) -> None:
+        tokens = batch.decodes
+        for req in batch.reqs[batch.decodes :]:
+            tokens += req.extend_len
+            self.prefill(req, req.extend_len, number, req.cached_len)
+        self.step_tokens.append(tokens)
 
+    def first_output(self, req: Req, /) -> None:
+        life = self.lives.get(req.uid)
+        if life is not None and life.first_token is None and req.output_len:
+            life.first_token = self.clock()
+            self.events.append(FirstToken(req.uid, SCHEDULER, life.first_token))
+
+    def event(self, req: Req, name: str, /, **detail: Any) -> None:
+        life = self.lives.get(req.uid)
+        if name != "preempted" or life is None:
+            return
+        life.preemptions += 1
+        life.waiting_readmit = True
+        self.events.append(Preempted(req.uid, SCHEDULER, self.clock(), index=req.index))
+
+    def outbox(self, idle: bool = False, /) -> list[TimelineMsg]:
+        if not self.due(idle):
+            return []
+        cache = self.policy.cache_manager
+        running = list(self.policy.decode_manager.running.values())
+        return [self.flush(running, (cache.used, cache.cached, cache.total))]
+
+    # ------------------------------------------------------------ a request's life
     def prefill(self, req: Req, tokens: int, step: int, cached: int) -> None:
         """One prefill chunk of `tokens` tokens, from position `cached`, in step `step`."""
         life = self.lives.get(req.uid)
@@ -135,37 +135,7 @@ class SchedulerTimeline(SchedulerRecorder):
             chunk = PrefillChunk(req.uid, SCHEDULER, now, step=step, tokens=tokens, index=req.index)
             self.events.append(chunk)
 
-    def step(self, batch: Batch, step: int) -> None:
-        tokens = batch.decodes
-        for req in batch.reqs[batch.decodes :]:
-            tokens += req.extend_len
-            self.prefill(req, req.extend_len, step, req.cached_len)
-        self.step_tokens.append(tokens)
-
-    def first_tokens(self, reqs: list[Req]) -> None:
-        for req in reqs:
-            if req.output_len:
-                self.first_token(req)
-
-    def first_token(self, req: Req) -> None:
-        life = self.lives.get(req.uid)
-        if life is not None and life.first_token is None:
-            life.first_token = self.clock()
-            self.events.append(FirstToken(req.uid, SCHEDULER, life.first_token))
-
-    def preempted(self, reqs: list[Req]) -> None:
-        now = self.clock()
-        for req in reqs:
-            life = self.lives.get(req.uid)
-            if life is None:
-                continue
-            life.preemptions += 1
-            life.waiting_readmit = True
-            self.events.append(Preempted(req.uid, SCHEDULER, now, index=req.index))
-
-    def ended(self, req: Req, how: str, sequences: int = 1) -> None:
-        """`sequences` of `req`'s request ended (`how`: a finish reason, "stop" for a stop
-        string, "aborted", or "error"); the last one ends the request."""
+    def _sequences_ended(self, req: Req, how: str, sequences: int) -> None:
         life = self.lives.get(req.uid)
         if life is None:
             return
