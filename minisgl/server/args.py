@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
+from minisgl.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from minisgl.scheduler.config import SchedulerConfig, split_options
-from minisgl.templates import REASONING_STARTS_OPEN
 from minisgl.utils.flags import add_flags, check_flags, option
 
 
@@ -129,12 +129,20 @@ class ServerArgs:
     debug_history: int = option(
         256, "ended requests whose timelines GET /debug/requests keeps (0: record none)", ge=0
     )
-    # qwen3 or deepseek-r1: minisgl/templates' REASONING_STARTS_OPEN
+    # qwen3 or deepseek-r1 (minisgl/parsers/): both read a <think> block
     reasoning_parser: str | None = option(
         None,
         "return a reasoning model's <think> block as message.reasoning_content "
         "(streamed as delta.reasoning_content), never as content",
-        choices=tuple(REASONING_STARTS_OPEN),
+        choices=tuple(REASONING_PARSERS),
+    )
+    # minisgl/parsers/: how a chat answer's tool calls are written (and forced); hermes:
+    # `<tool_call>` blocks, as Qwen2.5's, Qwen3's and the embedded model's templates write them
+    tool_call_parser: str = option(
+        "hermes",
+        "the format of tool calls in the model's output: parsed into tool_calls, and the "
+        "grammar that forces them",
+        choices=tuple(TOOL_CALL_PARSERS),
     )
     shell: bool = option(False, "interactive chat in the terminal")
     prompt: str | None = option(None, "generate once for this prompt, streaming to the terminal")

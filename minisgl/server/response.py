@@ -1,6 +1,7 @@
 """The two ways a completion goes back to the client, as plain ASGI callables.
 
-Contract: a route returns `StreamResponse` or `FullResponse`; calling it (Starlette does)
+Contract: a route hands `respond` a `Job` (one message maker per prompt, and the output
+format), which picks `StreamResponse` or `FullResponse`; calling it (Starlette does)
 runs the whole request inside one `frontend.request(...)` scope while a second task listens
 on the ASGI receive channel. A client that disconnects (streaming or not, before or after
 the first byte) cancels the serving task, so the scope exits early and sends AbortMsg.
@@ -10,7 +11,7 @@ the first byte) cancels the serving task, so the scope exits early and sends Abo
   for the first output before it sends its headers.
 - An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`
   (on /v1/responses a `response.failed` event: the format decides, see formats.py and
-  responses_format.py).
+  responses/format.py).
 - Every send of output to the client runs inside `frontend.sending(state)`; the stall
   sweeper (stalls.py) cancels a request whose send has blocked longer than
   `--client-stall-timeout` (the client reads nothing while output waits). The connection
@@ -26,14 +27,16 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.requests import Request
 from starlette.responses import Response
 
 from minisgl.message import ErrorInfo, ErrorKind, TokenInfo, TokenizeMsg
 
 from .buffer import logprobs_bytes
 from .errors import RequestFailed, error_code, json_response
-from .formats import ChatFormat, CompletionFormat
+from .formats import OutputFormat
 from .frontend import FrontendManager
+from .middleware import request_id_var
 
 logger = logging.getLogger(__name__)
 
@@ -81,10 +84,21 @@ class Job:
     """What a route hands its response: one message maker per prompt, and how to answer."""
 
     make_msgs: list[Callable[[int], TokenizeMsg]]
-    fmt: ChatFormat | CompletionFormat
+    fmt: OutputFormat
     n: int = 1  # choices per prompt
     logprobs: bool = False
     include_usage: bool = False
+
+
+# --8<-- [start:respond]
+def respond(request: Request, req: Any, job: Job) -> Response:
+    """The response that serves `job`: streamed or whole, as the request asked."""
+    if req.user is not None:
+        logger.info("request %s: user %r", request_id_var.get(), req.user)
+    return (StreamResponse if req.stream else FullResponse)(request.app.state.frontend, job)
+
+
+# --8<-- [end:respond]
 
 
 class _CompletionResponse(Response):

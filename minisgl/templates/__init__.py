@@ -4,8 +4,8 @@ agree on.
 Contract: `chat_template_text(name_or_path)` returns a template's text: a `.jinja` file, or
 the name of one shipped in this folder (`TEMPLATES`); anything else is a `ValueError` naming
 the shipped ones. `TOOL_CALL_START` / `TOOL_CALL_END` delimit a Hermes-style tool call (the
-format the tool parser reads back, server/tools.py); `THINK_START` / `THINK_END` a reasoning
-model's thinking (server/reasoning.py); `REASONING_STARTS_OPEN` says, per
+format the tool parser reads back, minisgl/parsers/hermes.py); `THINK_START` / `THINK_END` a reasoning
+model's thinking (minisgl/parsers/think.py); `REASONING_STARTS_OPEN` says, per
 `--reasoning-parser`, whether the output starts inside the think block when the prompt shows
 neither marker.
 

@@ -1,7 +1,7 @@
 """Quiz question 2: where `messages`, `max_tokens` and `stream` go.
 
 Checks exercise q2:
-- `tokenize_msg(req, uid)` equals, for a range of requests, the TokenizeMsg that the real
+- `tokenize_msg(req, uid, tools)` equals, for a range of requests, the TokenizeMsg that the real
   route `v1_chat_completions` sends; and, spelled out, what it holds for `messages` and
   for either name of the token limit (`max_tokens`, `max_completion_tokens`);
 - `frontend_only_fields()` names exactly the `ChatCompletionRequest` fields that reach no
@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
+from starlette.requests import Request
 from quiz_helpers import MODEL, answer, app_client, app_for, chat_body
 
 from minisgl.message import TokenizeMsg
-from minisgl.server.protocol import ChatCompletionRequest
+from minisgl.server.chat import ChatCompletionRequest, v1_chat_completions
 from minisgl.server.response import FullResponse, StreamResponse
 from minisgl.testing.fakes import make_frontend, wait_until
 
@@ -115,18 +115,20 @@ def parse(**fields) -> ChatCompletionRequest:
 
 
 @functools.cache
-def chat_route(model: str) -> tuple[FastAPI, APIRoute]:
+def chat_app(model: str) -> FastAPI:
     frontend, _ = make_frontend()
-    app = app_for(frontend, model)
-    (route,) = [
-        r for r in app.routes if isinstance(r, APIRoute) and r.path == "/v1/chat/completions"
-    ]
-    return app, route
+    return app_for(frontend, model)
 
 
 async def route_response(req: ChatCompletionRequest):
-    _, route = chat_route(req.model)
-    return await route.endpoint(req)
+    """What the chat route (a module-level function) answers `req` with, in an app."""
+    scope = {"type": "http", "app": chat_app(req.model), "headers": []}
+    return await v1_chat_completions(req, Request(scope))
+
+
+def tools_of(req: ChatCompletionRequest):
+    """The request's tool-call format, as the route makes it (the app's parsers)."""
+    return chat_app(req.model).state.parsers.tool_calls(req.tool_calling())
 
 
 async def message_of_the_route(req: ChatCompletionRequest, uid: int) -> TokenizeMsg:
@@ -140,7 +142,7 @@ async def message_of_the_route(req: ChatCompletionRequest, uid: int) -> Tokenize
 @pytest.mark.parametrize("fields", REQUESTS.values(), ids=REQUESTS.keys())
 async def test_your_message_is_the_one_the_chat_route_sends(exercise, fields):
     req = parse(**fields)
-    mine = exercise.tokenize_msg(req, 7)
+    mine = exercise.tokenize_msg(req, 7, tools_of(req))
     assert isinstance(mine, TokenizeMsg), f"tokenize_msg must return a TokenizeMsg, not {mine!r}"
     assert mine == await message_of_the_route(req, 7), (
         "your TokenizeMsg differs from the one the chat route sends the tokenizer worker for "
@@ -149,7 +151,7 @@ async def test_your_message_is_the_one_the_chat_route_sends(exercise, fields):
 
 
 def test_messages_become_the_chat_template_input(exercise):
-    msg = exercise.tokenize_msg(parse(), 3)
+    msg = exercise.tokenize_msg(parse(), 3, None)
     assert msg.uid == 3, "the message must carry the request's uid"
     assert msg.messages == [
         {"role": "system", "content": "用中文回答。"},  # the template's name for "developer"
@@ -165,9 +167,9 @@ def test_messages_become_the_chat_template_input(exercise):
 
 def test_either_name_of_max_tokens_reaches_the_scheduler(exercise):
     for name in ("max_tokens", "max_completion_tokens"):
-        got = exercise.tokenize_msg(parse(**{name: 64}), 0).sampling_params.max_tokens
+        got = exercise.tokenize_msg(parse(**{name: 64}), 0, None).sampling_params.max_tokens
         assert got == 64, f"`{name}: 64` must reach the scheduler as SamplingParams.max_tokens"
-    got = exercise.tokenize_msg(parse(), 0).sampling_params.max_tokens
+    got = exercise.tokenize_msg(parse(), 0, None).sampling_params.max_tokens
     assert got is None, "without a limit the scheduler decides (the room left): max_tokens None"
 
 

@@ -59,10 +59,10 @@ CHAPTER = CHAPTERS / "http-and-concurrency"
 # the minisgl code that answers each quiz question: shown only folded, after its box
 ANSWERED_BY = {
     "q1": ["minisgl/utils/zmq.py:push_put", "minisgl/utils/zmq.py:async_pull_get"],
-    "q2": ["minisgl/server/api_server.py:chat_route", "minisgl/server/api_server.py:respond"],
+    "q2": ["minisgl/server/chat.py:chat_route", "minisgl/server/response.py:respond"],
     "q3": ["minisgl/server/buffer.py:reply_buffer"],
     "q4": ["minisgl/server/frontend.py:wait_for_ack"],
-    "q5": ["minisgl/server/frontend.py:listen_loop", "minisgl/server/frontend.py:listen_route"],
+    "q5": ["minisgl/server/frontend.py:listen"],
     "q6": ["minisgl/server/response.py:stream_serve", "minisgl/server/formats.py:chunks"],
     "q7": ["minisgl/server/frontend.py:request_scope"],
 }

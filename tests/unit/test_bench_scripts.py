@@ -19,7 +19,8 @@ import online
 import pytest
 
 from minisgl.server.buffer import ChoiceOutput, Output
-from minisgl.server.formats import SSE_DONE, ChatFormat
+from minisgl.server.chat import ChatFormat
+from minisgl.server.formats import SSE_DONE
 
 
 @pytest.mark.parametrize("n", [1, 2, 5])

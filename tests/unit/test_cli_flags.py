@@ -31,6 +31,7 @@ OTHERS = {
     "--request-read-timeout", "--max-connections", "--worker-heartbeat-timeout",
     "--grammar-compile-timeout", "--grammar-max-bytes", "--escape-special-tokens",
     "--chat-template", "--prompt", "--max-tokens", "--log-level", "--disable-native-decode",
+    "--tool-call-parser",
 }  # fmt: skip
 CHOICES = {
     "--device": ["auto", "cpu", "cuda"],
@@ -38,6 +39,7 @@ CHOICES = {
     "--attention-backend": ["auto", "torch", "triton"],
     "--prefix-cache": ["radix", "none"],
     "--reasoning-parser": ["qwen3", "deepseek-r1"],
+    "--tool-call-parser": ["hermes"],
     "--quantization": ["gguf", "none", "int8"],
     "--log-level": ["debug", "info", "warning"],
 }

@@ -9,8 +9,9 @@ import json
 import pytest
 
 from minisgl.message import ErrorInfo, ErrorKind
+from minisgl.server.chat import ChatFormat
+from minisgl.server.completions import CompletionFormat
 from minisgl.server.errors import HttpError, error_code, to_http
-from minisgl.server.formats import ChatFormat, CompletionFormat
 
 
 @pytest.mark.parametrize("kind", list(ErrorKind))

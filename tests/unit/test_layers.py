@@ -45,8 +45,10 @@ LAYERS: dict[str, int] = {
     "tokenizer": 4,
     # a tensor-parallel rank's process: an engine and a scheduler that follows rank 0
     "distributed_worker": 5,
-    # observers the server attaches to the components above: request timelines
+    # what the server attaches to the components above at their seams: request timelines,
+    # the output parsers (tool calls, reasoning)
     "timeline": 5,
+    "parsers": 5,
     # the HTTP server and its launcher; the CUDA fast path's check
     "server": 6,
     "doctor": 6,

@@ -321,7 +321,7 @@ async def test_a_constrained_answer_has_no_reasoning():
 def test_a_response_schema_forbids_the_properties_it_does_not_list():
     """xgrammar's strict default, which vLLM and SGLang use: pydantic's schemas leave
     additionalProperties unsaid, so a small model could add keys until max_tokens."""
-    from minisgl.server.protocol import ChatCompletionRequest
+    from minisgl.server.chat import ChatCompletionRequest
 
     def sent(schema: dict) -> dict:
         fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}

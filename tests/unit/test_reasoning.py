@@ -13,9 +13,9 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from test_tool_calls import outputs
 from tiny import make_tokenizer
 
-from minisgl.server.formats import ChatFormat
-from minisgl.server.reasoning import ReasoningParser
-from minisgl.server.tools import ToolCalling
+from minisgl.parsers.hermes import ToolCalling
+from minisgl.parsers.think import ReasoningParser
+from minisgl.server.chat import ChatFormat
 from minisgl.testing.sse import sse_payloads
 from minisgl.tokenizer.tokenize import reasoning_open
 
@@ -68,7 +68,7 @@ def test_text_split_at_every_position_reads_like_the_whole(case):
 def streamed(text: str, reason: str, cuts: list[int], tools=None, reasoning_open=False):
     """The streamed choice as the official client assembles it, and the reasoning
     deltas joined (the client keeps unknown delta fields but does not join them)."""
-    fmt = ChatFormat("m", 1, ToolCalling(tools) if tools else None, reasoning=True)
+    fmt = ChatFormat("m", 1, ToolCalling(tools) if tools else None, reasoning=ReasoningParser)
     state = ChatCompletionStreamState(input_tools=tools or [])
     reasoning = ""
     for out in outputs(text, reason, cuts, reasoning_open):
@@ -81,7 +81,7 @@ def streamed(text: str, reason: str, cuts: list[int], tools=None, reasoning_open
 
 
 def whole(text: str, reason: str, tools=None, reasoning_open=False):
-    fmt = ChatFormat("m", 1, ToolCalling(tools) if tools else None, reasoning=True)
+    fmt = ChatFormat("m", 1, ToolCalling(tools) if tools else None, reasoning=ReasoningParser)
     body = fmt.body([text], [reason], None, 5, 1, reasoning_open=reasoning_open)
     return ChatCompletion.model_validate(body).choices[0]
 

@@ -12,7 +12,9 @@ from pydantic import ValidationError
 from minisgl import LLM, SamplingParams
 from minisgl.core import SAMPLING_RULES
 from minisgl.message import TokenizeMsg
-from minisgl.server.protocol import ChatCompletionRequest, CompletionRequest, ParamError
+from minisgl.server.chat import ChatCompletionRequest
+from minisgl.server.completions import CompletionRequest
+from minisgl.server.protocol import ParamError
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 COMPLETION = {"model": "m", "prompt": "hi"}

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 
 from minisgl.message import ErrorInfo, ErrorKind
 from minisgl.server.buffer import ChoiceOutput, Output
+from minisgl.parsers import OutputParsers
 from minisgl.server.protocol import ParamError
-from minisgl.server.responses import ResponsesRequest, chat_messages
-from minisgl.server.responses_format import ResponsesFormat
+from minisgl.server.responses import ResponsesFormat, ResponsesRequest, chat_messages
 from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
 from minisgl.testing.sse import response_events
 
@@ -28,6 +28,8 @@ WEATHER = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     "strict": True,
 }
+
+HERMES = OutputParsers.chosen("hermes", None)  # the server's default tool-call format
 
 
 def request(**fields) -> ResponsesRequest:
@@ -194,7 +196,7 @@ def test_tool_calls_stream_as_function_call_items():
     req = request(tools=[WEATHER])
     chat = req.chat
     call = f'{TOOL_CALL_START}\n{{"name": "get_weather", "arguments": {{"city": "Paris"}}}}\n{TOOL_CALL_END}'
-    fmt = ResponsesFormat("m", req, chat.tool_calling())
+    fmt = ResponsesFormat("m", req, HERMES.tool_calls(chat.tool_calling()))
     events = _stream(fmt, _outputs(["Sure.\n", call[:20], call[20:]], "stop"))
     types = [e.type for e in events]
     assert types[-6:] == [
@@ -211,7 +213,7 @@ def test_tool_calls_stream_as_function_call_items():
     assert function_call.call_id.startswith("call_")
     assert _accumulate(events, [WEATHER]).output[1].arguments == function_call.arguments
     whole = Response.model_validate(
-        ResponsesFormat("m", req, chat.tool_calling()).body(
+        ResponsesFormat("m", req, HERMES.tool_calls(chat.tool_calling())).body(
             ["Sure.\n" + call], ["stop"], None, 5, 3
         ),
         strict=True,

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from minisgl.core import MAX_STOP_LEN, SamplingParams
-from minisgl.server.protocol import CompletionRequest
+from minisgl.server.completions import CompletionRequest
 from minisgl.tokenizer.detokenize import ChoiceState, DecodeState, DetokenizeManager
 from minisgl.tokenizer.stop import StopStrings
 

@@ -18,13 +18,14 @@ from pydantic import BaseModel, Field, ValidationError
 from tiny import make_tokenizer
 
 from minisgl import LLM, SamplingParams
+from minisgl.parsers import OutputParsers
+from minisgl.parsers.hermes import MAX_PARALLEL_CALLS, ToolCalling, ToolCallParser
 from minisgl.server.buffer import ChoiceOutput, Output
-from minisgl.server.formats import ChatFormat
-from minisgl.server.protocol import ChatCompletionRequest
-from minisgl.server.tools import MAX_PARALLEL_CALLS, ToolCalling, ToolCallParser, closed_schema
+from minisgl.server.chat import ChatCompletionRequest, ChatFormat
 from minisgl.templates import chat_template_text
 from minisgl.testing.sse import sse_payloads
 from minisgl.tokenizer.tokenize import ToolsUnsupported, build_prompt_ids, load_tokenizer
+from minisgl.utils.jsonschema import closed_schema
 
 WEATHER = {
     "type": "object",
@@ -339,15 +340,21 @@ def test_a_tool_conversation_reaches_the_template_as_templates_expect():
     assert assistant["tool_calls"][0]["function"]["arguments"] == {"city": "Rome"}  # an object
     assert tool == {"role": "tool", "content": "20C", "tool_call_id": "call_1"}
     assert req.tool_calling() is None and req.template_tools() is None  # "none"
-    assert req.sampling_params().grammar is None
+    assert route_params(req).grammar is None
+
+
+def route_params(req: ChatCompletionRequest) -> SamplingParams:
+    """The sampling parameters the chat route sends: with the request's tool-call format
+    from the server's parsers (--tool-call-parser hermes, the default)."""
+    return req.sampling_params(OutputParsers.chosen("hermes", None).tool_calls(req.tool_calling()))
 
 
 def test_forced_choices_carry_their_grammar():
-    assert chat_request(tools=TOOLS).sampling_params().grammar is None  # auto by default
-    forced = chat_request(tools=TOOLS, tool_choice="required").sampling_params()
+    assert route_params(chat_request(tools=TOOLS)).grammar is None  # auto by default
+    forced = route_params(chat_request(tools=TOOLS, tool_choice="required"))
     assert "get_time" in forced.grammar and "get_weather" in forced.grammar
     one = {"type": "function", "function": {"name": "get_time"}}
-    grammar = chat_request(tools=TOOLS, tool_choice=one).sampling_params().grammar
+    grammar = route_params(chat_request(tools=TOOLS, tool_choice=one)).grammar
     assert "get_time" in grammar and "get_weather" not in grammar
 
 

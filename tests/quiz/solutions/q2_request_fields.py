@@ -1,13 +1,14 @@
 """Reference solution of exercise q2: where the fields of a chat request go.
 
 Contract:
-- `tokenize_msg(req, uid)` is the TokenizeMsg that /v1/chat/completions sends to the
-  tokenizer worker for `req` under `uid`: the chat messages as chat-template input
+- `tokenize_msg(req, uid, tools)` is the TokenizeMsg that /v1/chat/completions sends to
+  the tokenizer worker for `req` under `uid`: the chat messages as chat-template input
   (`{"role", "content"}`, text parts joined, "developer" as "system"), the tools the
   template shows the model (none for tool_choice "none"), and every sampling parameter in
   `SamplingParams` (`max_tokens` or `max_completion_tokens` as `max_tokens`; a forced tool
-  call as the grammar that forces it), and how the chat template renders the messages
-  (`add_generation_prompt`, `continue_final_message`, its extra variables).
+  call as the grammar that `tools`, the request's tool-call format, writes), and how the
+  chat template renders the messages (`add_generation_prompt`, `continue_final_message`,
+  its extra variables).
 - `frontend_only_fields()` names the request fields that never reach the workers: changing
   one of them changes no message the API server sends.
 """
@@ -15,14 +16,14 @@ Contract:
 from __future__ import annotations
 
 from minisgl.message import TokenizeMsg
-from minisgl.server.protocol import ChatCompletionRequest
+from minisgl.server.chat import ChatCompletionRequest
 
 
-def tokenize_msg(req: ChatCompletionRequest, uid: int) -> TokenizeMsg:
+def tokenize_msg(req: ChatCompletionRequest, uid: int, tools) -> TokenizeMsg:
     messages = [m.as_template_input() for m in req.messages]  # the chat template's input
     return TokenizeMsg(
         uid,
-        req.sampling_params(),
+        req.sampling_params(tools),
         messages=messages,
         tools=req.template_tools(),
         # how the template renders them (with reasoning_effort among its variables)

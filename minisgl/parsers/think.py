@@ -1,5 +1,6 @@
 """Reasoning output: the `<think>` block of a reasoning model (Qwen3, DeepSeek-R1) read out
 of a choice's text, so that it reaches the client as `reasoning_content`, never as content.
+`--reasoning-parser qwen3` and `deepseek-r1` both choose it.
 
 Contract: `ReasoningParser(in_reasoning)` is made per choice when the server runs with
 `--reasoning-parser`; `in_reasoning` says whether the output starts inside the block (the
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from minisgl.templates import THINK_END, THINK_START
 
-from .tools import _partial_suffix
+from .markers import partial_suffix
 
 _START, _REASONING, _CONTENT = "start", "reasoning", "content"
 
@@ -66,7 +67,7 @@ class ReasoningParser:
                     self._strip_content = True
                     continue
                 # hold back a possible `</think>` and the whitespace before it
-                keep = _partial_suffix(self._held, THINK_END)
+                keep = partial_suffix(self._held, THINK_END)
                 keep = len(self._held[:keep].rstrip())
                 reasoning.append(self._reasoning(self._held[:keep]))
                 self._held = self._held[keep:]

@@ -8,7 +8,7 @@ accepted, and `null` means the default). Its one job is translation: `chat` is t
 `ChatCompletionRequest` the request means, built once when it is validated, so a
 Responses request runs exactly the chat path (the chat template, tools and their grammar,
 `text.format` as `response_format`, sampling, the request scope and its lifecycle rules);
-the output side is responses_format.py.
+the output side is format.py.
 
 How `input` becomes chat messages: `instructions` first, as a system message; a string is
 one user message; `message` items keep their role and their text parts (`input_text`,
@@ -28,14 +28,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .protocol import (
-    ChatCompletionRequest,
-    Count,
-    FunctionName,
-    ParamError,
-    RuleChecked,
-    sampling_field,
-)
+from ..chat import ChatCompletionRequest
+from ..conversation import FunctionName
+from ..protocol import Count, ParamError, RuleChecked, sampling_field
 
 STATELESS = (
     "this server keeps no responses (store is ignored): send the whole conversation in "

@@ -1,20 +1,19 @@
-"""Tool calls in the Hermes `<tool_call>` format: the grammar that forces them, and the
-parser that reads them out of the generated text.
+"""Tool calls in the Hermes `<tool_call>` format (Qwen2.5, Qwen3, the embedded model's
+template): the grammar that forces them, and the parser that reads them out of the
+generated text. `--tool-call-parser hermes`, the default.
 
 Contract:
-- `ToolCalling(tools, choice, parallel)` holds what one chat request asked for: its tools
-  (OpenAI's `{"type": "function", "function": {...}}`), `tool_choice` ("auto", "required"
-  or a function's name) and `parallel_tool_calls`.
+- `ToolCalling(tools, choice, parallel)` is the format for what one chat request asked:
+  its tools (OpenAI's `{"type": "function", "function": {...}}`), `tool_choice` ("auto",
+  "required" or a function's name) and `parallel_tool_calls`.
 - `grammar()` is None for "auto" (the model decides, and its markup is parsed), else an
   llguidance Lark grammar that allows only tool-call blocks: for "required" one block, or
   with `parallel` one to MAX_PARALLEL_CALLS separated by line breaks; for a named
   function exactly one. Each block holds `{"name": ..., "arguments": ...}` where the name
   is one of the tools (the named one) and the arguments validate against that tool's
-  `parameters`; `$ref`s inside them (pydantic writes one for every nested model) point
-  into the tool's own `$defs`, wherever the grammar embeds it. `closed_schema` (used here
-  and for `response_format`) does as xgrammar's strict mode does: an object schema with
-  `properties` that does not say whether other keys are allowed gets none, since a small
-  model otherwise invents extra keys.
+  `parameters` (closed: minisgl/utils/jsonschema.py); `$ref`s inside them (pydantic writes
+  one for every nested model) point into the tool's own `$defs`, wherever the grammar
+  embeds it.
 - `parser()` makes a `ToolCallParser` for one choice. `feed(text)` takes the choice's
   next text and returns what can be sent now: the content text and the tool-call deltas.
   A call's first delta carries its `id`, `type` and `function.name` once the block's
@@ -22,12 +21,12 @@ Contract:
   as they are decoded (OpenAI's and vLLM's streaming shape); `calls` holds every call
   whole. Text that could still become a block is held back (whitespace before a block
   too, so the content does not end in the line break that led to it). `close(truncated)`
-  returns the rest when the choice ends. A block that does not begin like a call of one
-  of the request's tools is content when it closes, as the model wrote it: nothing is
-  lost; but template markup never reaches the content of a choice cut short by
-  max_tokens (`truncated`): an unfinished block is dropped there, and a call whose
-  arguments were cut keeps what was decoded of them. Without `parallel`, calls after
-  the first are dropped.
+  returns the rest when the choice ends, `finish(text, truncated)` both at once. A block
+  that does not begin like a call of one of the request's tools is content when it
+  closes, as the model wrote it: nothing is lost; but template markup never reaches the
+  content of a choice cut short by max_tokens (`truncated`): an unfinished block is
+  dropped there, and a call whose arguments were cut keeps what was decoded of them.
+  Without `parallel`, calls after the first are dropped.
 - `finish_reason(reason, made_calls)`: "stop" becomes "tool_calls" when the choice called
   tools, except for a named tool_choice, which OpenAI answers with "stop".
 """
@@ -41,36 +40,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
+from minisgl.utils.jsonschema import closed_schema
+
+from .markers import partial_suffix
 
 AUTO, REQUIRED = "auto", "required"
 # forced parallel calls per answer: a small model under the grammar can otherwise repeat
 # the same call until the context is full
 MAX_PARALLEL_CALLS = 8
-
-
-_SUBSCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
-
-
-def closed_schema(schema: Any) -> Any:
-    """`schema` with `additionalProperties: false` wherever an object lists its
-    `properties` and leaves other keys unsaid (values such as `const` stay as they are)."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    for key in _SUBSCHEMA:
-        if key in out:
-            out[key] = closed_schema(out[key])
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [closed_schema(s) for s in out[key]]
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: closed_schema(s) for name, s in out[key].items()}
-    if isinstance(out.get("properties"), dict):
-        out.setdefault("additionalProperties", False)
-    return out
 
 
 def _rebased(schema: Any, base: str) -> Any:
@@ -169,14 +146,6 @@ def tool_call(name: str, arguments: str) -> dict[str, Any]:
     }
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    """Where the longest end of `text` that could begin `marker` starts (len(text): none)."""
-    for start in range(max(0, len(text) - len(marker) + 1), len(text)):
-        if marker.startswith(text[start:]):
-            return start
-    return len(text)
-
-
 # the start of a block's JSON, up to its arguments object: what makes the block a call
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*(?=\{)')
 
@@ -208,7 +177,7 @@ class ToolCallParser:
             if self._state == _TEXT:  # content, up to the start of a block
                 start = self._held.find(TOOL_CALL_START)
                 if start < 0:  # hold back a possible start, and the whitespace before it
-                    keep = _partial_suffix(self._held, TOOL_CALL_START)
+                    keep = partial_suffix(self._held, TOOL_CALL_START)
                     keep = len(self._held[:keep].rstrip()) if keep else 0
                     content.append(self._held[:keep])
                     self._held = self._held[keep:]
@@ -226,7 +195,7 @@ class ToolCallParser:
             else:  # after the arguments: the rest of the block is markup
                 end = self._held.find(TOOL_CALL_END)
                 if end < 0:
-                    self._held = self._held[_partial_suffix(self._held, TOOL_CALL_END) :]
+                    self._held = self._held[partial_suffix(self._held, TOOL_CALL_END) :]
                     break
                 self._held, self._state = self._held[end + len(TOOL_CALL_END) :], _TEXT
                 self.done = len(self.calls)
@@ -253,6 +222,12 @@ class ToolCallParser:
             content = "" if truncated and rest.strip() else rest
         self.done = len(self.calls)
         return ("" if self.forced else content), deltas
+
+    def finish(self, text: str, truncated: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """`feed(text)` and then `close(truncated)`: the choice's last text."""
+        content, deltas = self.feed(text)
+        rest, more = self.close(truncated)
+        return content + rest, merge_deltas(deltas + more)
 
     def _read_head(self, content: list[str], deltas: list[dict[str, Any]]) -> bool:
         """Read the open block's head; False when more text is needed."""

@@ -31,11 +31,10 @@ import msgspec
 
 from minisgl.message import ErrorInfo, TokenInfo
 
-from .buffer import ChoiceOutput, Output
-from .errors import to_http
-from .formats import ChatFormat
-from .responses import ResponsesRequest
-from .tools import ToolCalling
+from ..buffer import ChoiceOutput, Output
+from ..chat import ChatFormat, ToolCalls
+from ..errors import to_http
+from .request import ResponsesRequest
 
 _json = msgspec.json.Encoder()
 
@@ -51,7 +50,7 @@ def _id(prefix: str) -> str:
 class ResponsesFormat(ChatFormat):
     prompt_param = "input"
 
-    def __init__(self, model: str, request: ResponsesRequest, tools: ToolCalling | None) -> None:
+    def __init__(self, model: str, request: ResponsesRequest, tools: ToolCalls | None) -> None:
         super().__init__(model, 1, tools)
         self.id = _id("resp")
         self.created = time.time()
