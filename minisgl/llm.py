@@ -55,6 +55,7 @@ from minisgl.message import (
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.config import SchedulerConfig, split_options
 from minisgl.tokenizer import load_tokenizer
+from minisgl.tokenizer.prepare import Preparation
 from minisgl.tokenizer.server import TokenizerWorker
 from minisgl.tokenizer.tokenize import Prompt
 
@@ -152,17 +153,18 @@ class LLM:
         # sends the scheduler, and its replies (which become this object's outputs)
         self._backend: list = []
         self._replies: list[UserReply] = []
-        self.worker = TokenizerWorker(
+        prepare = Preparation(
             self.tokenizer,
-            self._backend.extend,
-            self._replies.extend,
-            compiler=functools.partial(  # no reference to this object: it stays collectable
+            functools.partial(  # no reference to this object: it stays collectable
                 self._resources.compiler_for,
                 self.tokenizer,
                 self.engine.model_config.vocab_size,
                 grammar_compile_timeout,
             ),
             max_seq_len=self.engine.max_seq_len,
+        )
+        self.worker = TokenizerWorker(
+            self.tokenizer, self._backend.extend, self._replies.extend, prepare
         )
         self._uids = itertools.count()
 

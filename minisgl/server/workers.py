@@ -12,7 +12,8 @@ launcher terminates the process or the process sees its parent gone.
   stops makes a collective fail within --dist-timeout seconds: every request in flight is
   then answered with an error, and the process exits (status 1) so that the launcher stops
   the server.
-- The tokenizer worker: the tokenizer, its worker, and the grammar-compile processes.
+- The tokenizer worker: the tokenizer, its worker, and the worker's preparation of
+  prompts (tokenizer/prepare.py) with the grammar-compile processes.
 
 The channels carry the core's messages (minisgl/message/) and the timeline batches the
 observers send on (`WIRE`).
@@ -105,6 +106,7 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
         from minisgl.grammar.pool import GrammarCompiler
         from minisgl.models.config import ModelConfig
         from minisgl.timeline.tokenizer import TokenizerTimeline
+        from minisgl.tokenizer.prepare import Preparation
         from minisgl.tokenizer.server import TokenizerWorker
         from minisgl.tokenizer.tokenize import load_tokenizer
         from minisgl.utils.zmq import PullQueue, PushQueue
@@ -119,19 +121,17 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
             args.engine_config.max_seq_len or model.max_position_embeddings,
             model.max_position_embeddings,
         )
-        compiler = GrammarCompiler(table, timeout=args.grammar_compile_timeout)
         inbox = PullQueue(channels.tokenizer, TOKENIZER_WIRE)
         to_scheduler = PushQueue(channels.scheduler, BackendMsg)
         to_api = PushQueue(channels.frontend, FRONTEND_WIRE)
-        worker = TokenizerWorker(
+        prepare = Preparation(
             tokenizer,
-            to_scheduler.put,
-            to_api.put,
-            compiler=compiler,
+            GrammarCompiler(table, timeout=args.grammar_compile_timeout),
             grammar_max_bytes=args.grammar_max_bytes,
             max_seq_len=context,
             escape_special=args.escape_special_tokens,
         )
+        worker = TokenizerWorker(tokenizer, to_scheduler.put, to_api.put, prepare)
         worker.observe(TokenizerTimeline(record=args.debug_history > 0))
 
         def serve() -> None:
@@ -142,7 +142,7 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
                     if not msgs and not parent.alive():
                         return
             finally:
-                compiler.close()
+                prepare.close()
 
         return Serving(serve)
 

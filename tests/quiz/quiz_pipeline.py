@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from minisgl.message import AbortMsg, FrontendMsg, TokenizerMsg
 from minisgl.testing.fakes import FakeBackend, FakeScheduler
+from minisgl.tokenizer.prepare import Preparation
 from minisgl.tokenizer.server import TokenizerWorker
 
 
@@ -70,7 +71,9 @@ class Pipeline:
     def __init__(self, worker_cls: type[TokenizerWorker] = TokenizerWorker) -> None:
         self.backend = PipelineBackend()  # the frontend's side: send, recv
         self.scheduler = CharScheduler(self._to_worker)
-        self.worker = worker_cls(CharTokenizer(), self.scheduler.handle, self._to_frontend)
+        tokenizer = CharTokenizer()
+        prepare = Preparation(tokenizer)
+        self.worker = worker_cls(tokenizer, self.scheduler.handle, self._to_frontend, prepare)
         self.backend.worker = self.worker
 
     def _to_worker(self, msgs: list[TokenizerMsg]) -> None:

@@ -42,6 +42,7 @@ from minisgl.timeline.events import (
 )
 from minisgl.timeline.scheduler import SchedulerTimeline
 from minisgl.timeline.tokenizer import TokenizerTimeline
+from minisgl.tokenizer.prepare import Preparation
 from minisgl.tokenizer.server import TokenizerWorker
 
 
@@ -282,7 +283,7 @@ def test_a_batch_is_due_every_flush_period_and_when_idle():
 def test_the_tokenizer_worker_adds_its_events_to_what_it_passes_on(tmp_path):
     tokenizer = make_tokenizer(tmp_path)
     sent: list = []
-    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend)
+    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend, Preparation(tokenizer))
     worker.observe(TokenizerTimeline())
     params = SamplingParams(max_tokens=3, stop=["zz"])
     ids = tokenizer.encode("hello", add_special_tokens=False)
@@ -309,7 +310,8 @@ def test_the_tokenizer_worker_adds_its_events_to_what_it_passes_on(tmp_path):
 
 def test_the_tokenizer_worker_records_a_backend_error_with_its_kind(tmp_path):
     sent: list = []
-    worker = TokenizerWorker(make_tokenizer(tmp_path), lambda m: None, sent.extend)
+    tokenizer = make_tokenizer(tmp_path)
+    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend, Preparation(tokenizer))
     worker.observe(TokenizerTimeline())
     worker.handle([TokenizeMsg(3, SamplingParams(), text="a")])
     worker.handle([BackendErrorMsg(3, ErrorInfo(ErrorKind.INTERNAL, "x"))])
@@ -322,7 +324,8 @@ def test_the_tokenizer_worker_records_a_backend_error_with_its_kind(tmp_path):
 
 def test_a_tokenizer_worker_without_timelines_still_passes_the_schedulers_on(tmp_path):
     sent: list = []
-    worker = TokenizerWorker(make_tokenizer(tmp_path), lambda m: None, sent.extend)
+    tokenizer = make_tokenizer(tmp_path)
+    worker = TokenizerWorker(tokenizer, lambda m: None, sent.extend, Preparation(tokenizer))
     worker.handle([TokenizeMsg(1, SamplingParams(), text="a")])
     assert sent == []
     batch = TimelineMsg([Finished(1, "scheduler", 1.0)])

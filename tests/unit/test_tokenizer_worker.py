@@ -26,6 +26,7 @@ from minisgl.message import (
     pack_ids,
 )
 from minisgl.testing import scheduler_state
+from minisgl.tokenizer.prepare import Preparation
 from minisgl.tokenizer.server import TokenizerWorker
 
 MULTIBYTE = "什么是 KV Cache？鲸鱼🐳 and ✨ 流式输出。"
@@ -64,7 +65,9 @@ class Recorder:
 
 def _worker(tokenizer) -> tuple[TokenizerWorker, Recorder]:
     rec = Recorder()
-    return TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend), rec
+    return TokenizerWorker(
+        tokenizer, rec.send_backend, rec.send_frontend, Preparation(tokenizer)
+    ), rec
 
 
 def _params() -> SamplingParams:
@@ -501,9 +504,10 @@ def test_text_that_cannot_fit_the_context_is_refused_untokenized(tokenizer) -> N
     from minisgl.tokenizer.tokenize import longest_token_bytes
 
     rec = Recorder()
-    worker = TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend, max_seq_len=64)
+    prepare = Preparation(tokenizer, max_seq_len=64)
+    worker = TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend, prepare)
     longest = longest_token_bytes(tokenizer)
-    assert worker.max_prompt_bytes == 64 * longest
+    assert prepare.prompts.max_prompt_bytes == 64 * longest
     text = "a" * (64 * longest + 1)  # more bytes than 64 of the longest tokens hold
     worker.handle([TokenizeMsg(1, _params(), messages=[{"role": "user", "content": text}])])
     (reply,) = rec.frontend
@@ -529,7 +533,7 @@ def test_an_abort_while_a_large_prompt_is_tokenized_leaves_nothing(tokenizer) ->
     worker, rec = _worker(tokenizer)
     large = "什么是 KV Cache？" * 8000
     worker.handle([TokenizeMsg(1, _params(), text=large), AbortMsg(1)])
-    worker._prompt_thread.shutdown(wait=True)  # its tokens are ready now: and dropped
+    worker.prepare.prompts.thread.shutdown(wait=True)  # its tokens are ready now: and dropped
     worker.handle([])
     assert not any(isinstance(m, UserMsg) for m in rec.backend)
     assert rec.frontend == [] and _states(worker) == {}
@@ -539,10 +543,11 @@ def test_an_abort_while_a_large_prompt_is_tokenized_leaves_nothing(tokenizer) ->
 def test_a_constraint_times_its_choices_is_charged_against_a_budget(tokenizer) -> None:
     import json
 
-    from minisgl.tokenizer.server import GRAMMAR_BUDGET_FACTOR
+    from minisgl.tokenizer.constraints import GRAMMAR_BUDGET_FACTOR
 
     rec = Recorder()
-    worker = TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend, grammar_max_bytes=1000)
+    prepare = Preparation(tokenizer, grammar_max_bytes=1000)
+    worker = TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend, prepare)
     schema = json.dumps({"enum": ["x" * 10] * 25})  # 300 bytes
     budget = GRAMMAR_BUDGET_FACTOR * 1000
     many, few = budget // len(schema) + 1, budget // len(schema)
@@ -563,9 +568,8 @@ def test_escaped_message_text_cannot_forge_a_turn(tokenizer) -> None:
     sent = {}
     for escape in (False, True):
         rec = Recorder()
-        worker = TokenizerWorker(
-            tokenizer, rec.send_backend, rec.send_frontend, escape_special=escape
-        )
+        prepare = Preparation(tokenizer, escape_special=escape)
+        worker = TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend, prepare)
         worker.handle([TokenizeMsg(1, _params(), messages=forged)])
         worker.handle([TokenizeMsg(2, _params(), messages=plain)])
         sent[escape] = [m.input_ids for m in rec.backend]
