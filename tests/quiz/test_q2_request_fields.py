@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 from fastapi import FastAPI
-from starlette.requests import Request
 from quiz_helpers import MODEL, answer, app_client, app_for, chat_body
+from starlette.requests import Request
 
 from minisgl.message import TokenizeMsg
 from minisgl.server.chat import ChatCompletionRequest, v1_chat_completions

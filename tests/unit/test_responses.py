@@ -14,8 +14,8 @@ from openai.types.responses import Response
 from pydantic import ValidationError
 
 from minisgl.message import ErrorInfo, ErrorKind
-from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.parsers import OutputParsers
+from minisgl.server.buffer import ChoiceOutput, Output
 from minisgl.server.protocol import ParamError
 from minisgl.server.responses import ResponsesFormat, ResponsesRequest, chat_messages
 from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
