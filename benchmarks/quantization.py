@@ -120,8 +120,8 @@ def memory(args) -> dict:
     (torch, transformers, the tokenizer, torch's meta-tensor code) loaded before."""
     import torch
 
+    from minisgl.engine.build import build_engine
     from minisgl.engine.config import EngineConfig
-    from minisgl.engine.engine import Engine
     from minisgl.models.default_model import default_model_dir, find_default_gguf
     from minisgl.tokenizer.tokenize import load_tokenizer
 
@@ -131,7 +131,7 @@ def memory(args) -> dict:
         torch.arange(2)
     before = _status()
     t0 = time.perf_counter()
-    engine = Engine(EngineConfig(device="cpu", quantization=args.quantization,
+    engine = build_engine(EngineConfig(device="cpu", quantization=args.quantization,
                                  max_running_requests=4, max_seq_len=1024))  # fmt: skip
     load_s = time.perf_counter() - t0
     after = _status()

@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from minisgl.engine.build import build_engine
     from minisgl.engine.config import EngineConfig
-    from minisgl.engine.engine import Engine
     from minisgl.scheduler import Scheduler
     from minisgl.scheduler.config import SchedulerConfig
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     # from max_running_requests * max_seq_len, which page rounding can leave short)
     num_pages = max(args.batch_sizes) * (-(-max_seq_len // 16) + 1)
     with tempfile.TemporaryDirectory() as tmp:
-        engine = Engine(
+        engine = build_engine(
             EngineConfig(
                 model=str(tiny_config_dir(args, Path(tmp))),
                 device=args.device,

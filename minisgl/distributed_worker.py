@@ -66,12 +66,12 @@ def stop_ranks(scheduler, procs: list, failed: bool = False) -> None:
 def _join(engine_config, scheduler_config, rank: int, init_method: str):
     """Join the ranks' process group and build this rank's engine and scheduler."""
     from minisgl.distributed import init_tp
-    from minisgl.engine.engine import Engine
+    from minisgl.engine.build import build_engine
     from minisgl.scheduler import Scheduler
 
     device = engine_config.resolve_device().type
     init_tp(rank, engine_config.tp_size, init_method, device, engine_config.dist_timeout)
-    return Scheduler(Engine(engine_config), scheduler_config)
+    return Scheduler(build_engine(engine_config), scheduler_config)
 
 
 def _follow(scheduler) -> None:

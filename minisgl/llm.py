@@ -41,8 +41,8 @@ from typing import Any
 
 from minisgl.core import SamplingParams
 from minisgl.distributed import RanksFailed
+from minisgl.engine.build import build_engine
 from minisgl.engine.config import EngineConfig
-from minisgl.engine.engine import Engine
 from minisgl.message import (
     AbortMsg,
     DetokenizeMsg,
@@ -53,11 +53,12 @@ from minisgl.message import (
     pack_ids,
 )
 from minisgl.scheduler import Scheduler
-from minisgl.scheduler.config import SchedulerConfig, split_options
+from minisgl.scheduler.config import SchedulerConfig
 from minisgl.tokenizer import load_tokenizer
 from minisgl.tokenizer.prepare import Preparation
 from minisgl.tokenizer.server import TokenizerWorker
 from minisgl.tokenizer.tokenize import Prompt
+from minisgl.utils.flags import split_options
 
 
 @dataclass
@@ -121,7 +122,9 @@ class LLM:
         global _open_tp
         if model is not None:
             options["model"] = model
-        engine_options, scheduler_options, unknown = split_options(options)
+        engine_options, scheduler_options, unknown = split_options(
+            options, EngineConfig, SchedulerConfig
+        )
         if unknown:
             names = ", ".join(sorted(unknown))
             raise TypeError(f"LLM() got options that neither configuration has: {names}")
@@ -145,7 +148,7 @@ class LLM:
                 engine_config, scheduler_config
             )
             _open_tp = weakref.ref(self)
-        self.engine = Engine(engine_config)
+        self.engine = build_engine(engine_config)
         self.scheduler = self._resources.scheduler = Scheduler(self.engine, scheduler_config)
         self.scheduler.ranks.rest()  # until the first request, however long that is
         self.tokenizer = load_tokenizer(self.engine.model_dir)

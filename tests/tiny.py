@@ -136,8 +136,8 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 def tiny_cpu_engine(model_dir: Path, **overrides):
     """An engine on the CPU over a tiny checkpoint with the scheduler tests' settings: pages
     of 4 tokens, a 64-token context, 4 request slots (overrides replace any of them)."""
+    from minisgl.engine.build import build_engine
     from minisgl.engine.config import EngineConfig
-    from minisgl.engine.engine import Engine
 
     settings = dict(device="cpu", page_size=4, max_seq_len=64, max_running_requests=4)
-    return Engine(EngineConfig(model=str(model_dir), **(settings | overrides)))
+    return build_engine(EngineConfig(model=str(model_dir), **(settings | overrides)))

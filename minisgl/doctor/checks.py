@@ -197,8 +197,8 @@ def engine_checks(
     """The start-up self-check of an engine over a small random model, per dtype (with the
     Triton backend wherever triton is installed, as on a GPU)."""
     try:
+        from minisgl.engine.build import build_engine
         from minisgl.engine.config import EngineConfig
-        from minisgl.engine.engine import Engine
     except ImportError as exc:  # msgspec, for the engine's messages
         skip("engine", f"the engine cannot be imported here ({exc}): pip install msgspec")
         return []
@@ -222,7 +222,7 @@ def engine_checks(
                 attention_backend="triton" if triton_ok else "torch",
             )  # fmt: skip
             try:
-                engine = Engine(config)
+                engine = build_engine(config)
                 engine.check_overlap()
             except Exception as exc:  # the engine did not even start: that is the finding
                 from minisgl.engine.selfcheck import exception_result

@@ -42,8 +42,8 @@ def run(device: torch.device, seconds: float, not_checked: list[dict]) -> dict |
         not_checked.append({"name": "throughput", "reason": "--probe-seconds 0"})
         return None
     try:
+        from minisgl.engine.build import build_engine
         from minisgl.engine.config import EngineConfig
-        from minisgl.engine.engine import Engine
         from minisgl.engine.sequences import Sequences
         from minisgl.kvcache import pages_for
     except ImportError as exc:
@@ -57,7 +57,7 @@ def run(device: torch.device, seconds: float, not_checked: list[dict]) -> dict |
     try:
         with tempfile.TemporaryDirectory(prefix="minisgl-probe-") as tmp:
             model_dir = write_config(Path(tmp), {"tie_word_embeddings": True, **shape})
-            engine = Engine(
+            engine = build_engine(
                 EngineConfig(
                     model=str(model_dir), device=device.type, dummy_weights=True,
                     page_size=ps, num_pages=pages, max_running_requests=max(pb, db),

@@ -12,9 +12,10 @@ and returns the sampled token of every request that samples this step, in batch 
 No host sync inside a step: the sampled tokens stay on the device for the next step (see
 inputs.py) and travel to the host in one non-blocking copy that `result()` waits for.
 
-Before it reports ready, the engine checks the fast path it is about to use (on CUDA:
-selfcheck.py) and falls back where a part fails; `degraded` names each part it fell back
-from, with the reason.
+`Engine(config)` only loads, sizes and allocates; an engine is built by engine/build.py,
+which also vets its fast paths (the start-up self-check: selfcheck.py; the native decode
+step) and chooses the path each step takes (`runner`: runner.py). `degraded` names each
+part it fell back from, with the reason.
 
 `set_observer(observer)` hands it the scheduler's observers (minisgl/observe.py): a step
 marks where its time starts to count toward "prepare", "forward" and "sample" there (a
@@ -23,13 +24,14 @@ no-op unless a benchmark measures).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from minisgl.attention import AttentionContext, create_attention_backend
+from minisgl.attention import create_attention_backend
 from minisgl.core import Batch
 from minisgl.distributed import STARTUP_TIMEOUT_S, barrier, min_over_ranks, tp
 from minisgl.kvcache import KVCachePool
@@ -37,20 +39,17 @@ from minisgl.message import TokenLogprob
 from minisgl.models.config import ModelConfig
 from minisgl.models.decoder import CausalLM
 from minisgl.models.loader import load_model, resolve_quantization
-from minisgl.models.native import NativeDecoder
 from minisgl.models.quant import prefill_rows
 from minisgl.models.source import resolve_model_dir
 from minisgl.observe import RequestObserver
 from minisgl.utils.process import available_ram
 
-from . import faults
 from .config import EngineConfig
 from .graph import BUCKETS, DecodeGraphRunner
-from .inputs import StepInputBuilder, StepInputs
+from .inputs import StepInputBuilder
+from .runner import StepRunner
 from .sample import Sampler
-from .scoring import DevicePromptScores, score_prompts
 from .selfcheck import SelfCheck
-from .threads import ThreadChoice
 
 logger = logging.getLogger(__name__)
 
@@ -58,104 +57,44 @@ logger = logging.getLogger(__name__)
 class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.observer = RequestObserver()  # the scheduler's, once it has one (set_observer)
         self.tp = tp()  # this process's rank: its shard of the model and of the KV cache
         self.device = config.resolve_device()
         self.dtype = config.resolve_dtype(self.device)
         self.model_dir: Path = resolve_model_dir(config.model)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self._check_tp()
-        # on a CPU: torch's thread count per step, chosen by measuring (threads.py); set
-        # before the load, which decides where a helper thread may take half a matmul
-        self.threads = ThreadChoice.for_cpu(self.device, self.tp.size)
         self.model = self._load_model()
-        # int4 weights: from 96 rows a step's projections run as GEMMs on weights dequantized
-        # for the step (quant.py); the scheduler sizes prefill chunks beside decodes so a step
-        # reaches prefill_rows, where that dequantization is shared by enough prompt tokens
-        self.prefill_rows = prefill_rows(self.model)
-        self.page_size = config.page_size
         barrier("loaded", STARTUP_TIMEOUT_S)  # ranks load at their own pace; then in step
-
         # every rank must hold the same pages: the scheduler decides for all of them
+        self.page_size = config.page_size
         self.num_pages = config.num_pages or min_over_ranks(self._pages_from_memory())
-        self.pool = KVCachePool(
-            self.model_config.num_layers,
-            self.num_pages,
-            self.page_size,
-            self.model.num_kv_heads,  # this rank's
-            self.model_config.head_dim,
-            self.dtype,
-            self.device,
-        )
+        c = self.model_config
+        # (layers, pages, tokens per page, this rank's KV heads, head dim)
+        shape = (c.num_layers, self.num_pages, self.page_size, self.model.num_kv_heads, c.head_dim)
+        self.pool = KVCachePool(*shape, self.dtype, self.device)
         # a request can never outgrow the pool, so one request alone always fits
-        self.max_seq_len = min(
-            config.max_seq_len or self.model_config.max_position_embeddings,
-            self.model_config.max_position_embeddings,
-            self.num_pages * self.page_size,
-        )
-        self.max_pages_per_req = -(-self.max_seq_len // self.page_size)
+        context = min(config.max_seq_len or c.max_position_embeddings, c.max_position_embeddings)
+        self.max_seq_len = min(context, self.num_pages * self.page_size)
+        heads = self.model.num_heads  # this rank's
         self.attn_backend = create_attention_backend(
-            config.attention_backend,
-            self.pool,
-            self.model.num_heads,  # this rank's
-            self.model_config.head_dim,
-            self.device,
+            config.attention_backend, self.pool, heads, c.head_dim, self.device
         )
-        graph_bs = 0
-        if self.attn_backend.capturable:
-            graph_bs = min(config.max_running_requests, BUCKETS[-1])
+        slots = config.max_running_requests
+        graph_bs = min(slots, BUCKETS[-1]) if self.attn_backend.capturable else 0
+        pages_per_req = -(-self.max_seq_len // self.page_size)
         self.inputs = StepInputBuilder(
-            config.max_running_requests,
-            self.max_pages_per_req,
-            self.page_size,
-            self.pool.scratch_page,
-            self.device,
-            max_graph_bs=graph_bs,
+            slots, pages_per_req, self.page_size, self.pool.scratch_page, self.device, graph_bs
         )
-        self.sampler = Sampler(
-            self.model_config.vocab_size, self.device, config.max_running_requests, self.tp
-        )
+        self.sampler = Sampler(c.vocab_size, self.device, slots, self.tp)
         self.graph_runner: DecodeGraphRunner | None = None
         if self.inputs.decode_buffers is not None:
             self.graph_runner = DecodeGraphRunner(
-                self.model,
-                self.attn_backend,
-                self.inputs.decode_buffers,
-                self.model_config.vocab_size,
+                self.model, self.attn_backend, self.inputs.decode_buffers, c.vocab_size
             )
         self.degraded: dict[str, str] = {}  # part -> reason, for each part fallen back from
-        # a CPU decode step in one native call (models/native.py), where it can
-        self.native: NativeDecoder | None = None
-        if self.device.type == "cpu" and config.native_decode:
-            self.native, why = NativeDecoder.build(
-                self.model, self.pool, config.max_running_requests
-            )
-            if why is not None:
-                logger.info("decode steps run on torch: %s", why)
-            elif (why := self.native.disagreement()) is not None:
-                self.native, self.degraded["native decode"] = None, why
-                logger.warning("decode steps fall back to torch: %s", why)
-            else:
-                logger.info("decode steps run natively (%s kernel)", self.native.kernel)
-        faults.inject(self)  # MINISGL_INJECT_FAULTS (tests of the self-check)
-        self.self_check = SelfCheck(self)
-        self.self_check.at_startup()  # attention, then the decode graphs' capture
-        logger.info(
-            "engine ready: %s on %s (%s, weights: %s)%s, %d KV pages of %d tokens, "
-            "max_seq_len %d, %s%s",
-            self.model_dir.name,
-            self.device,
-            self.dtype,
-            self.quantization,
-            f", rank {self.tp.rank} of {self.tp.size}" if self.tp.size > 1 else "",
-            self.num_pages,
-            self.page_size,
-            self.max_seq_len,
-            type(self.attn_backend).__name__,
-            ", CUDA graphs" if self.graph_runner is not None and self.graph_runner.graphs else "",
-        )
-        if summary := self.self_check.summary():
-            logger.info("%s", summary)
+        self.self_check = SelfCheck(self)  # run by engine/build.py before the engine serves
+        self.runner = StepRunner(self)  # the torch path; build.py chooses the fastest
+        self.observer = RequestObserver()  # the scheduler's, once it has one (set_observer)
 
     # ------------------------------------------------------------------ set-up
     def _check_tp(self) -> None:
@@ -202,6 +141,13 @@ class Engine:
             raise RuntimeError("not enough free memory for a single KV page")
         return pages
 
+    @functools.cached_property
+    def prefill_rows(self) -> int:
+        """The rows a step carrying a prompt chunk beside decodes should reach: on int4
+        weights, where the step's one dequantization is shared by enough prompt tokens
+        (models/quant.py); 1 otherwise."""
+        return prefill_rows(self.model)
+
     def capture_graphs(self) -> None:
         """Record the decode CUDA graphs (on CUDA unless --disable-cuda-graph; on a CPU the
         runner records nothing and its buffers run eagerly)."""
@@ -236,54 +182,17 @@ class Engine:
         self.inputs.write_pages(edits)
 
     # ------------------------------------------------------------------ step
-    def _run_model(
-        self, batch: Batch
-    ) -> tuple[StepInputs, torch.Tensor | None, DevicePromptScores | None]:
-        """Build the step's inputs and run the model: (inputs, (S, vocab) float32 logits of
-        the requests that sample, None where none does, the prompt logprobs the batch asks
-        for (scoring.py))."""
-        if self.threads is None:
-            return self._forward(batch)
-        with self.threads.step(sum(r.extend_len for r in batch.reqs)):
-            return self._forward(batch)
-
-    def _forward(
-        self, batch: Batch
-    ) -> tuple[StepInputs, torch.Tensor | None, DevicePromptScores | None]:
-        runner = self.graph_runner
-        self.observer.phase("prepare")
-        if runner is not None and not batch.scoring and runner.can_run(batch):
-            inputs = self.inputs.build(batch, pad_to=runner.bucket(len(batch.reqs)))
-            return inputs, runner.run(inputs), None  # its replay marks the forward
-        inputs, scores = self.inputs.build(batch), None
-        if self.native is not None and self.native.takes(batch):  # decodes: one C call
-            self.observer.phase("forward")
-            hidden = self.native.forward(inputs.input_ids, inputs.info)  # (B, hidden)
-            head = self.native.logits
-        else:
-            ctx = AttentionContext(self.attn_backend, self.attn_backend.prepare(inputs.info))
-            self.observer.phase("forward")
-            hidden = self.model(inputs.input_ids, inputs.info.positions, ctx)  # (T, hidden)
-            if batch.scoring:  # prompt logprobs: from rows of the chunk that are dropped next
-                scores = score_prompts(self.model, hidden, batch, self.inputs.staging)
-            head = self.model.logits
-        if not batch.sampling_reqs:  # chunks inside their prompts: no row needs the LM head
-            return inputs, None, scores  # (it would have run on every row of the chunk)
-        if inputs.sample_rows is not None:  # the last token of each request that samples
-            hidden = hidden[inputs.sample_rows]
-        return inputs, head(hidden), scores
-
     @torch.inference_mode()
     def logits(self, batch: Batch) -> torch.Tensor | None:
         """Run the step; (B_s, vocab) float32 logits of the requests that sample (None when
         none does: every request's chunk ends inside its prompt)."""
-        return self._run_model(batch)[1]
+        return self.runner.run(batch)[1]
 
     # --8<-- [start:launch]
     @torch.inference_mode()
     def launch(self, batch: Batch) -> StepHandle:
         """Start the step; its sampled tokens are read with `.result()`."""
-        inputs, logits, scores = self._run_model(batch)
+        inputs, logits, scores = self.runner.run(batch)
         sampling = batch.sampling_reqs
         if not sampling:
             return StepHandle(None, None, None, scores)

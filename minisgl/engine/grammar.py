@@ -70,6 +70,11 @@ class Grammars:
         """A twin of a matcher that has consumed nothing (another choice's)."""
         return matcher.deep_copy()
 
+    @staticmethod
+    def advance(matcher, token: int, finished: bool) -> str | None:
+        """`advance` below: the scheduling policy's way to feed a sequence's matcher."""
+        return advance(matcher, token, finished)
+
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 

@@ -8,7 +8,7 @@ request, and the engine serves on a slower but sound path instead of giving wron
 When: after the model loads, before the engine reports ready, on CUDA (where the fast path
 runs). `MINISGL_SELF_CHECK_ON_CPU=1` runs the same code on a CPU engine (Triton kernels in
 Triton's interpreter, nothing captured): it is the seam the tests drive, with faults
-injected through engine/faults.py, and what `python -m minisgl doctor` uses on a CPU.
+injected by the tests (tests/faults.py), and what `python -m minisgl doctor` uses on a CPU.
 `EngineConfig.self_check`: "auto" checks and falls back; "strict" (--strict-self-check)
 makes any failure fatal (`SelfCheckError`, start-up fails with the reason); "skip"
 (--skip-self-check) checks nothing and catches nothing.

@@ -183,7 +183,7 @@ def share_cpu_cores(device: str) -> None:
     threads spin-wait on each other, and one descheduled thread stalls them all (a 1500-token
     stream took 57 s instead of 1.3 s on two cores). Leave two cores to the other processes.
     This is where a process starts; a single-rank engine then widens a step to every core
-    where that measures faster (minisgl.engine.threads)."""
+    where that measures faster (`ThreadChoice` above)."""
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
         return
     if "OMP_NUM_THREADS" not in os.environ:

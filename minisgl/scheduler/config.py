@@ -3,16 +3,14 @@
 Contract: no torch import (the API server process reads it through `ServerArgs`). The
 engine's settings, `max_running_requests` among them (the engine sizes its page table and
 CUDA graphs from it; the scheduler only reads it back), are `EngineConfig`'s.
-`split_options` sorts flat keyword options, as the command line and `LLM(...)` take them,
-into the fields of the two configurations.
+(utils/flags.py's `split_options` sorts flat keyword options, as the command line and
+`LLM(...)` take them, into the fields of the two configurations.)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
-from minisgl.engine.config import EngineConfig
 from minisgl.utils.flags import option
 
 PREFIX_CACHES = ("radix", "none")
@@ -55,17 +53,3 @@ class SchedulerConfig:
             self.prefix_cache = "radix" if self.prefix_cache else "none"
         if self.prefix_cache not in PREFIX_CACHES:
             raise ValueError(f"prefix_cache must be one of {', '.join(PREFIX_CACHES)}")
-
-
-Options = dict[str, Any]
-
-
-def split_options(options: Options) -> tuple[Options, Options, Options]:
-    """`options` as (EngineConfig's fields, SchedulerConfig's fields, the rest)."""
-    engine = {f.name for f in fields(EngineConfig)}
-    scheduler = {f.name for f in fields(SchedulerConfig)}
-    return (
-        {k: v for k, v in options.items() if k in engine},
-        {k: v for k, v in options.items() if k in scheduler},
-        {k: v for k, v in options.items() if k not in engine | scheduler},
-    )

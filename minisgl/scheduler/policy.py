@@ -46,10 +46,9 @@ import random
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future
 from concurrent.futures import wait as wait_for_futures
-from typing import TYPE_CHECKING
+from typing import Any
 
 from minisgl.core import Batch, PromptScores, Req, ReqStatus, SamplingParams
-from minisgl.engine.grammar import GrammarError, Grammars, advance
 from minisgl.message import (
     BackendErrorMsg,
     DetokenizeMsg,
@@ -64,11 +63,9 @@ from minisgl.observe import RequestObserver
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .limits import Limits
 from .prefill import PrefillManager
 from .table import TableManager
-
-if TYPE_CHECKING:
-    from minisgl.engine.engine import Engine, StepOutput
 
 logger = logging.getLogger(__name__)
 
@@ -97,26 +94,26 @@ class Step:
 class Policy:
     def __init__(
         self,
-        engine: Engine,
+        limits: Limits,
         config: SchedulerConfig,
         observer: RequestObserver,
         seeds: random.Random,
         budget: Callable[[int], int],
+        matchers: Any = None,
     ) -> None:
-        """`engine` for its sizes only (context, vocabulary, pages, slots); `seeds` draws
-        the seed of a request that brings none; `budget(decodes)` is the prefill token
-        budget of a step beside that many decodes (the step loop's pacer)."""
+        """`limits`: what the engine can hold; `seeds` draws the seed of a request that
+        brings none; `budget(decodes)` is the prefill token budget of a step beside that
+        many decodes (the step loop's pacer); `matchers` builds, copies and advances the
+        grammar matchers of constrained requests (engine/grammar.py's `Grammars`)."""
         self.observer = observer  # the scheduler's observers (minisgl/observe.py)
-        self.max_seq_len = engine.max_seq_len
-        self.vocab_size = engine.model_config.vocab_size
-        self.eos_token_ids = engine.model_config.eos_token_ids
-        self.table_manager = TableManager(engine.config.max_running_requests)
+        self.limits = limits
+        self.table_manager = TableManager(limits.max_running_requests)
         self.cache_manager = CacheManager(
-            engine.num_pages, engine.page_size, prefix_cache=config.prefix_cache == "radix"
+            limits.num_pages, limits.page_size, prefix_cache=config.prefix_cache == "radix"
         )
         self.prefill_manager = PrefillManager()
         self.decode_manager = DecodeManager()
-        self.grammars = Grammars(engine.model_dir, self.vocab_size)
+        self.matchers = matchers
         # constrained requests whose matcher is being built (off the loop), by uid
         self._building: dict[int, tuple[Req, Future]] = {}
         self._seeds = seeds
@@ -164,7 +161,7 @@ class Policy:
     # --8<-- [start:validate]
     def add(self, msg: UserMsg) -> BackendErrorMsg | None:
         ids, params = msg.input_ids, msg.sampling_params
-        max_seq_len, vocab = self.max_seq_len, self.vocab_size
+        max_seq_len, vocab = self.limits.max_seq_len, self.limits.vocab_size
         if not ids:
             return _error(msg, ErrorKind.EMPTY_PROMPT, "the prompt is empty")
         if len(ids) >= max_seq_len:
@@ -199,13 +196,13 @@ class Policy:
             max_len=len(ids) + max_tokens,
             sampling_params=params,
             seed=self._seed_for(params, 0),
-            eos_token_ids=self.eos_token_ids,
+            eos_token_ids=self.limits.eos_token_ids,
             forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
             prompt_scores=PromptScores() if params.prompt_logprobs is not None else None,
         )
         if constrained:  # queued once its matcher is built, off this loop (llguidance)
             req.status = ReqStatus.BUILDING
-            self._building[req.uid] = (req, self.grammars.build(msg.grammar))
+            self._building[req.uid] = (req, self.matchers.build(msg.grammar))
         else:
             self.prefill_manager.add_req(req)  # WAITING
         return None
@@ -237,7 +234,7 @@ class Policy:
             req, future = self._building.pop(uid)
             try:
                 req.matcher = future.result()
-            except GrammarError as e:
+            except ValueError as e:  # a grammar the grammar library refused after all
                 req.status = ReqStatus.ABORTED
                 field = _constraint_field(req.sampling_params)
                 self.observer.ended(uid, "error", kind=ErrorKind.INVALID_SAMPLING_VALUE.value)
@@ -268,7 +265,7 @@ class Policy:
                 index=index,
                 # the first choice's matcher has consumed nothing yet: its first token
                 # is being sampled in the step that forks
-                matcher=first.matcher and self.grammars.copy(first.matcher),
+                matcher=first.matcher and self.matchers.copy(first.matcher),
             )
             self.cache_manager.share(first, child, shared)
             child.cached_len = shared * self.cache_manager.page_size
@@ -396,8 +393,9 @@ class Policy:
     # --8<-- [end:launched]
 
     # --8<-- [start:finish_step]
-    def update(self, step: Step, out: StepOutput) -> list[TokenizerMsg]:
-        """Read a launched step's tokens: one reply per sequence that had not ended."""
+    def update(self, step: Step, out: Any) -> list[TokenizerMsg]:
+        """Read a launched step's tokens (the engine's `StepOutput`): one reply per sequence
+        that had not ended."""
         for req, values in zip(step.scoring, out.prompt_logprobs or [], strict=True):
             if not req.ended:
                 req.prompt_scores.values += values
@@ -408,7 +406,8 @@ class Policy:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
             if req.matcher is not None:
-                if (broken := advance(req.matcher, token, req.finish_reason == "stop")) is not None:
+                broken = self.matchers.advance(req.matcher, token, req.finish_reason == "stop")
+                if broken is not None:
                     replies.append(self._constraint_broken(req, broken))
                     continue
             reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)

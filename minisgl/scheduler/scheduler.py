@@ -59,6 +59,7 @@ from minisgl.observe import Observers, RequestObserver
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .limits import Limits
 from .pacing import PrefillPacer
 from .policy import Policy, Step
 from .prefill import PrefillManager
@@ -93,11 +94,18 @@ class Scheduler:
         pace = self.config.prefill_step_seconds
         if pace is None:  # a CPU runs a step inside its launch: it can be timed and paced
             pace = DEFAULT_CPU_STEP_SECONDS if engine.device.type == "cpu" else 0
+        self.limits = Limits.of(engine)  # all the policy knows of the engine
         self.pacer = PrefillPacer(
-            self.config.max_prefill_tokens, pace or None, min_rows=engine.prefill_rows
+            self.config.max_prefill_tokens, pace or None, min_rows=self.limits.prefill_rows
         )
+        grammars = Grammars(engine.model_dir, self.limits.vocab_size)
         self.policy = Policy(
-            engine, self.config, self.observer, self.ranks.shared_seeds(), self.pacer.budget
+            self.limits,
+            self.config,
+            self.observer,
+            self.ranks.shared_seeds(),
+            self.pacer.budget,
+            matchers=grammars,
         )
         self._in_flight: _Launched | None = None  # launched, results not read yet
 
@@ -123,7 +131,7 @@ class Scheduler:
 
     @property
     def grammars(self) -> Grammars:
-        return self.policy.grammars
+        return self.policy.matchers
 
     @property
     def num_preemptions(self) -> int:

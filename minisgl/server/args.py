@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
-from minisgl.scheduler.config import SchedulerConfig, split_options
-from minisgl.utils.flags import add_flags, check_flags, option
+from minisgl.scheduler.config import SchedulerConfig
+from minisgl.utils.flags import add_flags, check_flags, option, split_options
 
 
 @dataclass
@@ -203,5 +203,5 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
             chat_template_text(ns.chat_template)
         except ValueError as e:
             parser.error(str(e))
-    engine, scheduler, server = split_options(vars(ns))
+    engine, scheduler, server = split_options(vars(ns), EngineConfig, SchedulerConfig)
     return ServerArgs(EngineConfig(**engine), SchedulerConfig(**scheduler), **server)

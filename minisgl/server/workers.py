@@ -42,7 +42,7 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
     """The scheduler process (rank 0 with tensor parallelism)."""
 
     def build(parent: ParentWatch) -> Serving:
-        from minisgl.engine.engine import Engine
+        from minisgl.engine.build import build_engine
         from minisgl.engine.threads import share_cpu_cores
         from minisgl.scheduler import Scheduler
         from minisgl.scheduler.io import ZmqSchedulerIO
@@ -56,7 +56,7 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
 
             device = config.resolve_device().type
             init_tp(0, config.tp_size, args.dist_init_method, device, config.dist_timeout)
-        engine = Engine(config)
+        engine = build_engine(config)
         scheduler = Scheduler(engine, args.scheduler_config)
         scheduler.observe(SchedulerTimeline(scheduler.policy, detailed=args.debug_history > 0))
         scheduler.grammars.warm()  # the token table, before the first constrained request

@@ -106,3 +106,14 @@ def check_flags(parser: argparse.ArgumentParser, ns: argparse.Namespace, cls: ty
             problem = f.metadata["flag"].problem(getattr(ns, f.name))
             if problem is not None:
                 parser.error(f"{flag_name(f)} {problem}")
+
+
+def split_options(options: dict[str, Any], *configs: type) -> tuple[dict[str, Any], ...]:
+    """`options` sorted by owner: the fields of each of `configs` (dataclasses), in order,
+    then the rest."""
+    owned = [{f.name for f in fields(c)} for c in configs]
+    taken = set().union(*owned)
+    return (
+        *({k: v for k, v in options.items() if k in names} for names in owned),
+        {k: v for k, v in options.items() if k not in taken},
+    )

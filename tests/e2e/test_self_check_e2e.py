@@ -13,6 +13,7 @@ With --strict-self-check the same fault stops the start with exit status 1 and t
 
 from __future__ import annotations
 
+import faults
 import httpx
 import pytest
 
@@ -29,7 +30,8 @@ NEW = 8
 
 
 def _env(fault: str) -> dict[str, str]:
-    return {"MINISGL_SELF_CHECK_ON_CPU": "1", "MINISGL_INJECT_FAULTS": fault}
+    """The server's processes build their engines with `fault` (tests/faults.py)."""
+    return {"MINISGL_SELF_CHECK_ON_CPU": "1", **faults.site_env(fault)}
 
 
 def _fallbacks(server: RunningServer) -> dict[str, float]:

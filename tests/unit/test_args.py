@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from minisgl.engine.config import EngineConfig
-from minisgl.scheduler.config import SchedulerConfig, split_options
+from minisgl.scheduler.config import SchedulerConfig
 from minisgl.server.args import ServerArgs, parse_args
+from minisgl.utils.flags import split_options
 
 
 def test_no_flags_give_the_configurations_defaults(monkeypatch) -> None:
@@ -35,7 +36,8 @@ def test_non_positive_values_are_refused(flag, capsys) -> None:
 
 
 def test_split_options_sorts_by_owner() -> None:
-    engine, scheduler, rest = split_options({"page_size": 4, "max_prefill_tokens": 8, "port": 1})
+    options = {"page_size": 4, "max_prefill_tokens": 8, "port": 1}
+    engine, scheduler, rest = split_options(options, EngineConfig, SchedulerConfig)
     assert (engine, scheduler, rest) == ({"page_size": 4}, {"max_prefill_tokens": 8}, {"port": 1})
 
 

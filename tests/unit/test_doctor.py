@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import faults
 import pytest
 
 pytest.importorskip("triton")
@@ -122,6 +123,7 @@ def test_a_fault_makes_doctor_fail_and_name_it(monkeypatch, capsys) -> None:
 
     monkeypatch.setenv("MINISGL_SELF_CHECK_ON_CPU", "1")
     monkeypatch.setenv("MINISGL_INJECT_FAULTS", "triton-values")
+    faults.install(monkeypatch)
     monkeypatch.setattr(checks, "DTYPES", {"float16": checks.DTYPES["float16"]})
     monkeypatch.setattr(checks, "HEAD_DIMS", (64,))
     monkeypatch.setattr(checks, "GQA_RATIOS", (4,))

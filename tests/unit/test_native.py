@@ -134,14 +134,14 @@ def test_every_kernel_reads_the_layout_it_is_built_for(bits, kernel, kernel_libr
 def _count_native_steps(llm, monkeypatch) -> list[int]:
     """[steps run natively, then each step's tokens in turn]"""
     calls = [0]
-    forward = llm.engine.native.forward
+    forward = llm.engine.runner.native.forward
 
     def counted(input_ids, info):
         calls[0] += 1
         calls.append(input_ids.shape[0])
         return forward(input_ids, info)
 
-    monkeypatch.setattr(llm.engine.native, "forward", counted)
+    monkeypatch.setattr(llm.engine.runner.native, "forward", counted)
     return calls
 
 
@@ -171,7 +171,7 @@ def test_a_tiny_gguf_decodes_natively_with_the_torch_paths_tokens(gguf_dir, monk
         q = "none" if path == "float" else "gguf"
         llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization=q,
                   native_decode=path == "native")  # fmt: skip
-        assert (llm.engine.native is not None) == (path == "native")
+        assert (llm.engine.runner.native is not None) == (path == "native")
         if path == "native":
             calls = _count_native_steps(llm, monkeypatch)
         alone = [llm.generate([p], params)[0] for p in PROMPTS]  # batch-1 decodes only
@@ -205,7 +205,7 @@ def test_a_long_context_decodes_natively_as_on_torch_and_alike_on_any_thread_cou
         for path, threads in (("native", 1), ("native", 2), ("torch", 1), ("float", 1)):
             llm = LLM(str(gguf_dir), device="cpu", page_size=4, native_decode=path == "native",
                       quantization="none" if path == "float" else "gguf")  # fmt: skip
-            llm.engine.threads = None  # the count set here stands
+            llm.engine.runner.threads = None  # the count set here stands
             torch.set_num_threads(threads)
             if path == "native":
                 calls = _count_native_steps(llm, monkeypatch)
@@ -250,14 +250,14 @@ def _int4_projections(model) -> None:
 def test_bias_and_qk_norm_decode_natively_as_on_torch(arch, tiny_dirs):
     llm = LLM(str(tiny_dirs[arch]), device="cpu", page_size=4, quantization="none")
     engine = llm.engine
-    assert engine.native is None  # float weights: the torch path
+    assert engine.runner.native is None  # float weights: the torch path
     _int4_projections(engine.model)
     decoder, why = native.NativeDecoder.build(engine.model, engine.pool)
     assert why is None
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     got = {}
     for on in (True, False):
-        engine.native = decoder if on else None
+        engine.runner.native = decoder if on else None
         alone = [llm.generate([p], params)[0] for p in PROMPTS]
         got[on] = [o.outputs[0].token_ids for o in alone + llm.generate(PROMPTS, params)]
     assert got[True] == got[False]
@@ -272,7 +272,7 @@ def test_without_a_compiler_the_engine_serves_on_torch_and_says_why(
     monkeypatch.setenv("CC", "no-such-compiler")
     caplog.set_level("INFO")
     llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization="gguf")
-    assert llm.engine.native is None
+    assert llm.engine.runner.native is None
     assert "no C compiler ('no-such-compiler' is not on PATH)" in caplog.text
     out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
@@ -285,7 +285,7 @@ def test_a_kernel_that_disagrees_with_torchs_is_a_fallback_the_engine_reports(
     forward = Int4Linear.forward
     monkeypatch.setattr(Int4Linear, "forward", lambda self, x: forward(self, x) * 1.5)
     llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization="gguf")
-    assert llm.engine.native is None
+    assert llm.engine.runner.native is None
     assert llm.engine.degraded["native decode"].startswith(
         "the native kernel disagrees with torch's on in=64, out="
     )

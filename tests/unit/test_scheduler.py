@@ -5,6 +5,8 @@ and every page and slot back in the pool afterwards."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from msgspec import UNSET
 from tiny import tiny_cpu_engine
@@ -168,7 +170,8 @@ def test_a_flushing_state_query_reports_the_pages_freed_and_counts_after_the_flu
 def test_eos_ends_a_request_with_stop(engine) -> None:
     # make every token an end token: the first sampled token must finish the request
     sched = Scheduler(engine)
-    sched.policy.eos_token_ids = frozenset(range(engine.model_config.vocab_size))
+    every = frozenset(range(engine.model_config.vocab_size))
+    sched.policy.limits = dataclasses.replace(sched.policy.limits, eos_token_ids=every)
     sched.process_msg(_user(60, 5, max_tokens=10))
     (reply,) = _run_until_idle(sched)
     assert isinstance(reply, DetokenizeMsg) and reply.finish_reason == "stop"

@@ -116,8 +116,10 @@ def test_the_embedded_models_tokens_and_logprobs_are_the_same_on_either_count(re
     """Greedy decoding of a batch of three (the helper thread splits batched rows on one
     thread; torch divides them on two) and of one request, with logprobs: bit for bit."""
     llm = LLM(device="cpu", max_running_requests=3, max_seq_len=256)
-    assert llm.engine.threads is not None or torch.get_num_threads() > 1  # a choice, or fixed
-    llm.engine.threads = None  # the count is set by hand below
+    assert (
+        llm.engine.runner.threads is not None or torch.get_num_threads() > 1
+    )  # a choice, or fixed
+    llm.engine.runner.threads = None  # the count is set by hand below
     params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=3)
     prompts = ["The capital of France is", "Once upon a time", "def fibonacci(n):"]
     got = {}

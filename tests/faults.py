@@ -1,10 +1,15 @@
-"""Fault injection into the CUDA fast path: the seam the self-check's tests drive.
+"""Fault injection into the CUDA fast path: the test-side seam the self-check's tests drive
+(production never imports this module).
 
-Contract: `MINISGL_INJECT_FAULTS` names faults, comma-separated; `inject(engine)` breaks
-the named parts of a freshly built engine, before its start-up self-check runs. Nothing
-happens when the variable is unset. The faults are put into the components themselves,
-not into the check, and stay there while the engine serves: a test that sees correct tokens
-afterwards proves the fallback really routes around the broken part.
+Contract: `MINISGL_INJECT_FAULTS` names faults, comma-separated; `install()` wraps the
+engine's start-up vetting (`minisgl.engine.build.vet`) so that `inject(engine)` breaks the
+named parts of each freshly built engine of this process before its self-check runs (with
+a pytest `monkeypatch`, only for the test). A process a test starts gets the faults too
+when its PYTHONPATH holds tests/fault_site/ (`site_env()`): its sitecustomize.py installs
+them at start-up. Nothing happens when the variable is unset. The faults are put into the
+components themselves, not into the check, and stay there while the engine serves: a test
+that sees correct tokens afterwards proves the fallback really routes around the broken
+part.
 
 - `triton-values`: the Triton backend's attention returns wrong values (each query head's
   output is the next head's, as a wrong head offset in a kernel would give).
@@ -28,10 +33,9 @@ from __future__ import annotations
 
 import os
 import types
-from typing import TYPE_CHECKING
+from pathlib import Path
 
-if TYPE_CHECKING:
-    from .engine import Engine
+SITE = Path(__file__).with_name("fault_site")  # its sitecustomize.py installs the faults
 
 ENV = "MINISGL_INJECT_FAULTS"
 FAULTS = ("triton-values", "triton-compile", "graph-capture", "overlap")
@@ -54,7 +58,7 @@ def requested(rank: int = 0) -> list[str]:
     return names
 
 
-def inject(engine: Engine) -> list[str]:
+def inject(engine) -> list[str]:
     """Break the parts of `engine` that MINISGL_INJECT_FAULTS names; returns the names."""
     names = requested(engine.tp.rank)
     backend = engine.attn_backend
@@ -86,3 +90,26 @@ def inject(engine: Engine) -> list[str]:
     if "overlap" in names:
         engine.inputs.record_sampled = lambda inputs, tokens: None
     return names
+
+
+def install(monkeypatch=None) -> None:
+    """Inject the faults MINISGL_INJECT_FAULTS names into every engine this process builds
+    from now on (undone with the test, given its `monkeypatch`)."""
+    from minisgl.engine import build
+
+    vet = build.vet
+
+    def vet_with_faults(engine) -> None:
+        inject(engine)
+        vet(engine)
+
+    if monkeypatch is not None:
+        monkeypatch.setattr(build, "vet", vet_with_faults)
+    else:
+        build.vet = vet_with_faults
+
+
+def site_env(names: str) -> dict[str, str]:
+    """The environment of a process that builds its engines with these faults."""
+    path = os.pathsep.join([str(SITE), str(SITE.parent), os.environ.get("PYTHONPATH", "")])
+    return {ENV: names, "PYTHONPATH": path.rstrip(os.pathsep)}

@@ -1,0 +1,105 @@
+"""The scheduling policy with no model: built from a `Limits` record alone, as vLLM tests its
+scheduler, and driven step by step with the tokens a fake engine "sampled". A prompt is
+prefilled in chunks under the budget, decodes to its max_tokens, and leaves every slot and
+page free; what only the model knows (the context, the vocabulary) refuses a request at
+admission; an abort mid-prefill frees what the partial prefill held."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+from minisgl.core import SamplingParams
+from minisgl.message import BackendErrorMsg, DetokenizeMsg, ErrorKind, UserMsg
+from minisgl.observe import Observers
+from minisgl.scheduler.config import SchedulerConfig
+from minisgl.scheduler.limits import Limits
+from minisgl.scheduler.policy import Policy
+
+LIMITS = Limits(max_seq_len=64, vocab_size=100, num_pages=16, page_size=4, max_running_requests=2)
+TOKEN = 7  # what the fake engine samples, every time
+
+
+def policy(budget: int = 8, limits: Limits = LIMITS) -> Policy:
+    return Policy(limits, SchedulerConfig(), Observers(), random.Random(0), lambda _: budget)
+
+
+def one_step(p: Policy) -> tuple[list, list[int]] | None:
+    """Schedule, launch and read one step; (replies, each prefill chunk's length)."""
+    step = p.schedule()
+    if step is None:
+        return None
+    p.cache_manager.take_edits()  # the page-table edits an engine would write
+    chunks = [r.extend_len for r in step.batch.reqs[step.batch.decodes :]]
+    p.launched(step)
+    out = SimpleNamespace(tokens=[TOKEN] * len(step.sampling), logprobs=None, prompt_logprobs=None)
+    return p.update(step, out), chunks
+
+
+def run(p: Policy, steps: int = 100) -> tuple[list, list[int]]:
+    replies, chunks = [], []
+    for _ in range(steps):
+        done = one_step(p)
+        if done is None:
+            break
+        replies += done[0]
+        chunks += done[1]
+    return replies, chunks
+
+
+def user(uid: int, n_prompt: int, **params) -> UserMsg:
+    return UserMsg.make(uid, [3 + j % 90 for j in range(n_prompt)], SamplingParams(**params))
+
+
+def assert_idle(p: Policy) -> None:
+    state = p.state()
+    assert (state.pending, state.running, state.table_slots_used, state.kv_pages_used) == (0,) * 4
+
+
+def test_a_prompt_is_prefilled_in_chunks_decodes_to_its_limit_and_frees_everything():
+    p = policy(budget=8)
+    assert p.add(user(1, 20, max_tokens=3, ignore_eos=True)) is None
+    replies, chunks = run(p)
+    assert chunks == [8, 8, 4]  # the budget cuts the prompt
+    assert [(r.uid, r.next_token) for r in replies] == [(1, TOKEN)] * 3
+    assert [r.finish_reason for r in replies] == [None, None, "length"]
+    assert all(isinstance(r, DetokenizeMsg) for r in replies)
+    assert_idle(p)
+
+
+def test_the_end_token_of_the_limits_ends_a_sequence_with_stop():
+    p = policy(limits=Limits(64, 100, 16, 4, 2, eos_token_ids=frozenset({TOKEN})))
+    p.add(user(1, 5, max_tokens=10))
+    replies, _ = run(p)
+    assert [r.finish_reason for r in replies] == ["stop"]
+    assert_idle(p)
+
+
+def test_what_only_the_model_knows_refuses_a_request_at_admission():
+    p = policy()
+    too_long = p.add(user(1, LIMITS.max_seq_len))
+    assert isinstance(too_long, BackendErrorMsg)
+    assert too_long.error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED
+    bad_id = p.add(UserMsg.make(2, [5, LIMITS.vocab_size], SamplingParams()))
+    assert bad_id.error.kind is ErrorKind.INVALID_TOKEN_ID
+    assert p.add(UserMsg.make(3, [], SamplingParams())).error.kind is ErrorKind.EMPTY_PROMPT
+    assert_idle(p)
+
+
+def test_max_tokens_past_the_room_left_is_cut_to_the_context():
+    p = policy(budget=64)
+    p.add(user(1, LIMITS.max_seq_len - 2, ignore_eos=True))  # room for 2 tokens
+    replies, _ = run(p)
+    assert [r.finish_reason for r in replies] == [None, "length"]
+    assert_idle(p)
+
+
+def test_an_abort_mid_prefill_frees_every_page_and_slot():
+    p = policy(budget=8)
+    p.add(user(1, 30, max_tokens=4))
+    one_step(p)  # the first chunk: pages and a slot held
+    assert p.state().kv_pages_used == 2 and p.state().table_slots_used == 1
+    (aborted,) = p.abort(1)
+    assert aborted.uid == 1
+    assert_idle(p)
+    assert one_step(p) is None  # nothing left to run
