@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     mean = {m: statistics.mean(r["ttft"]) for m, r in best.items()}
     ttft_x = mean["none"] / mean["radix"]
     total_x = best["none"]["total"] / best["radix"]["total"]
-    hits = llms["radix"].scheduler.cache_manager.hit_tokens // args.repeat
+    hits = llms["radix"].scheduler.policy.cache_manager.hit_tokens // args.repeat
     print(
         f"\nwith the cache: mean time to first token {ttft_x:.1f}x better, total {total_x:.1f}x;"
         f" {hits} prompt tokens reused per round; tokens identical: {same}"

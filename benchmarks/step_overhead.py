@@ -149,12 +149,12 @@ def measure(scheduler, timer, batch: int, args: argparse.Namespace, seed: int):
         for i in range(batch)
     ]
     timing, timer.timing = timer.timing, False
-    while inbox or scheduler.prefill_manager.runnable:  # admit and prefill, untimed
+    while inbox or scheduler.policy.prefill_manager.runnable:  # admit and prefill, untimed
         for msg in inbox:
             assert not scheduler.process_msg(msg), "a request was refused"
         inbox = []
         scheduler.step()
-    assert len(scheduler.decode_manager.running) == batch, "not all requests decode"
+    assert len(scheduler.policy.decode_manager.running) == batch, "not all requests decode"
     for _ in range(args.warmup):
         scheduler.advance()
     steps = []
@@ -178,7 +178,7 @@ def measure(scheduler, timer, batch: int, args: argparse.Namespace, seed: int):
         steps.append(rec)
     while scheduler.has_work:  # the last step's tokens, with overlap
         scheduler.advance()
-    assert not scheduler.has_work and scheduler.table_manager.used == 0, "requests left over"
+    assert not scheduler.has_work and scheduler.policy.table_manager.used == 0, "requests left over"
     return steps
 
 

@@ -20,7 +20,7 @@ from minisgl.utils.codec import Codec, pack_ids, unpack_ids
 from .backend import AbortBackendMsg, BackendMsg, StateQueryMsg, UserMsg
 from .errors import ErrorInfo, ErrorKind
 from .frontend import LifecycleStateMsg, TokenInfo, UserReply
-from .state import RankState, SchedulerCounts, SchedulerState
+from .state import Lifecycle, RankState, SchedulerCounts, SchedulerState
 from .tokenizer import (
     AbortMsg,
     BackendErrorMsg,
@@ -47,6 +47,7 @@ __all__ = [
     "ErrorInfo",
     "ErrorKind",
     "FrontendMsg",
+    "Lifecycle",
     "LifecycleQueryMsg",
     "LifecycleStateMsg",
     "RankState",

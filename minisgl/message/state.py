@@ -50,3 +50,12 @@ class SchedulerState(SchedulerCounts, kw_only=True):
         """These counts as rank `rank`'s (in process `pid`)."""
         counts = {name: getattr(self, name) for name in SchedulerCounts.__struct_fields__}
         return RankState(rank, pid, **counts)
+
+
+class Lifecycle(msgspec.Struct):
+    """Every process's live per-uid state, as GET /debug/lifecycle answers it (the JSON of
+    `msgspec.to_builtins`, which leaves out the scheduler's unset fields)."""
+
+    frontend: dict[str, int]
+    tokenizer: dict[str, int]
+    scheduler: SchedulerState

@@ -80,6 +80,17 @@ class CacheManager:
         """Pages in the prefix cache's tree, referenced or not."""
         return len(self.tree) if self.tree is not None else 0
 
+    def counts(self) -> dict[str, int]:
+        """Its share of the scheduler's state answer (/debug/lifecycle, /metrics)."""
+        return {
+            "kv_pages_used": self.used,  # held by live requests
+            "kv_pages_total": self.total,
+            "kv_pages_cached": self.cached,  # held by the prefix cache alone
+            "prefix_cache_nodes": self.nodes,
+            "prefix_cache_query_tokens": self.query_tokens,
+            "prefix_cache_hit_tokens": self.hit_tokens,
+        }
+
     def pages_needed(self, req: Req, length: int) -> int:
         return max(0, -(-length // self.page_size) - len(req.pages))
 

@@ -28,7 +28,10 @@ rows and 59 to 80 at 384, the machine's speed moving between runs.
 
 from __future__ import annotations
 
+from typing import Any
+
 MIN_TOKENS = 16  # a long prompt still moves on, however slow the machine
+DEFAULT_CPU_STEP_SECONDS = 0.3  # SchedulerConfig.prefill_step_seconds on a CPU
 SMOOTHING = 0.3  # weight of the newest step in the speed estimate
 
 
@@ -38,6 +41,16 @@ class PrefillPacer:
         self.step_seconds = step_seconds
         self.min_rows = min_rows
         self.seconds_per_token: float | None = None  # unknown until a step is observed
+
+    @classmethod
+    def configured(cls, config: Any, on_cpu: bool, min_rows: int) -> PrefillPacer:
+        """The pacer `config` (a SchedulerConfig) asks for: its `prefill_step_seconds`, by
+        default DEFAULT_CPU_STEP_SECONDS on a CPU (a step runs inside its launch there: it
+        can be timed and paced) and off elsewhere; 0 is off."""
+        pace = config.prefill_step_seconds
+        if pace is None:
+            pace = DEFAULT_CPU_STEP_SECONDS if on_cpu else 0
+        return cls(config.max_prefill_tokens, pace or None, min_rows=min_rows)
 
     def budget(self, decoding: int) -> int:
         if decoding == 0 or self.step_seconds is None:

@@ -1,42 +1,23 @@
 """Policy: which sequences run in each step, over an explicit status per sequence.
 
-Contract (vLLM v1's shape; the step loop in scheduler.py drives it):
-- `add(msg)` admits one `UserMsg`. It is checked first against what only the model
-  knows: an empty prompt, one that leaves no room to generate, a token id outside the
-  vocabulary are answered at once with a `BackendErrorMsg` for that uid (returned), never
-  dropped. The sampling values' own rules (`SamplingParams.validate`) were checked where
-  the request entered (the HTTP request model, `LLM.generate`). A constrained request
-  waits (BUILDING) until its grammar's matcher is built off the loop: `ready_matchers()`
-  says whose are, `admit_built(uids)` queues those (or ends one with an error).
-- `abort(uid, index)` removes the request (or one of its choices) wherever it is (its
-  matcher being built, waiting, mid-chunked-prefill, decoding) and frees its slots and
-  pages; a uid the policy does not know is ignored (it may have just finished).
-- `schedule()` returns the next `Step` (every decoding sequence plus as many prefill chunks
-  as the token budget allows), or None, with the page-table edits it needs recorded in the
-  cache manager; `launched(step)` moves the sequences' host state on once the engine has
-  read it (the launch reads `cached_len` and `extend_len`); `update(step, output)` reads the
-  step's tokens: one `DetokenizeMsg` per sequence that produced a token and had not ended;
-  the last one of a sequence carries its finish_reason, and its resources are already free
-  when it is returned.
-- `state()` is the scheduler's state answer (/debug/lifecycle); `fail_all(error)` an error
-  for every request held.
-
-It owns the table, cache, prefill and decode managers, admission, forking the n choices,
-aborts, preemption, the matchers being built, the seeds it is handed and its counters. It
-has no rank code (the step loop makes every rank call it alike: ranks.py) and no pipeline
-code (what is in flight, overlap and the engine's launch are the step loop's).
-
-Every sequence (one choice of a request; n choices share the prompt's pages) has a
-`Req.status` (core.py), set here at every transition: WAITING, PREFILLING and PREEMPTED
-ones are in the prefill manager, RUNNING ones in the decode manager, BUILDING ones in
-neither; FINISHED and ABORTED ones in none, their resources free.
-
-Under overlap a sequence's latest token is *pending* (on the device) while the next step is
-scheduled: it decodes from the device copy, and whether that token ended the sequence is
-known one step late. So a sequence that ends (finish, abort, error) while a launched step
-still holds it is freed at once, exactly once (`_end`, `abort`); the launched step's work
-for it is wasted and its token is dropped when that step's results are read (`ended`). A
-sequence whose length alone ends it is not scheduled past its last token.
+Contract (vLLM v1's shape; the step loop in scheduler.py drives it; built from the engine's
+`Limits` alone, so a unit test builds it with no model):
+- `add(msg)` admits one `UserMsg`, or answers at once with a `BackendErrorMsg` what only
+  the model knows to refuse: an empty prompt, one that leaves no room to generate, a token
+  id outside the vocabulary. A constrained request first waits for its grammar matcher
+  (constrained.py); `admit_built(uids)` queues those whose matcher is built.
+- `abort(uid, index)` removes the request (or one choice) wherever it is and frees its
+  slots and pages; a uid it does not know is ignored (it may have just finished).
+- `schedule()` is the next `Step` (every decoding sequence, then prefill chunks under the
+  token budget) or None; `launched(step)` moves the sequences' host state on once the
+  engine has read it; `update(step, output)` reads the step's tokens: one `DetokenizeMsg`
+  per sequence that produced one, the last carrying its finish_reason, its resources
+  already free.
+- `state()` is its answer to a state query; `fail_all(error)` an error for every request.
+Each sequence (one choice; n choices share the prompt's pages) has a `Req.status`, set at
+every transition. Under overlap a sequence's latest token is still on the device when the
+next step is scheduled: one that ends while a launched step holds it is freed at once,
+exactly once, and that step's token for it is dropped when read (`Req.ended`).
 """
 
 from __future__ import annotations
@@ -44,8 +25,6 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future
-from concurrent.futures import wait as wait_for_futures
 from typing import Any
 
 from minisgl.core import Batch, PromptScores, Req, ReqStatus, SamplingParams
@@ -61,7 +40,9 @@ from minisgl.message import (
 from minisgl.observe import RequestObserver
 
 from .cache import CacheManager
+from .choices import fork_choices
 from .config import SchedulerConfig
+from .constrained import Constrained
 from .decode import DecodeManager
 from .limits import Limits
 from .prefill import PrefillManager
@@ -113,9 +94,7 @@ class Policy:
         )
         self.prefill_manager = PrefillManager()
         self.decode_manager = DecodeManager()
-        self.matchers = matchers
-        # constrained requests whose matcher is being built (off the loop), by uid
-        self._building: dict[int, tuple[Req, Future]] = {}
+        self.constrained = Constrained(matchers)  # requests a grammar constrains
         self._seeds = seeds
         self._budget = budget
         self.num_preemptions = 0  # requests evicted for recompute since start
@@ -129,19 +108,14 @@ class Policy:
     @property
     def building(self) -> bool:
         """Some request waits for its matcher."""
-        return bool(self._building)
+        return bool(self.constrained)
 
     def state(self) -> SchedulerState:
         return SchedulerState(
-            pending=len(self.prefill_manager) + len(self._building),
+            pending=len(self.prefill_manager) + len(self.constrained),
             running=len(self.decode_manager),
             table_slots_used=self.table_manager.used,
-            kv_pages_used=self.cache_manager.used,  # held by live requests
-            kv_pages_total=self.cache_manager.total,
-            kv_pages_cached=self.cache_manager.cached,  # held by the prefix cache alone
-            prefix_cache_nodes=self.cache_manager.nodes,
-            prefix_cache_query_tokens=self.cache_manager.query_tokens,
-            prefix_cache_hit_tokens=self.cache_manager.hit_tokens,
+            **self.cache_manager.counts(),  # KV pages and the prefix cache
             # sequences whose output a grammar constrains (each holds a matcher)
             grammar_matchers=sum(
                 r.matcher is not None
@@ -154,7 +128,7 @@ class Policy:
         every request it holds. Their state stays: the process exits next."""
         uids = {r.uid for r in self.prefill_manager.pending}
         uids |= {uid for uid, _ in self.decode_manager.running}
-        uids |= set(self._building)
+        uids |= set(self.constrained.building)
         return [BackendErrorMsg(uid, error) for uid in sorted(uids)]
 
     # ------------------------------------------------------------------ admission
@@ -200,9 +174,8 @@ class Policy:
             forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
             prompt_scores=PromptScores() if params.prompt_logprobs is not None else None,
         )
-        if constrained:  # queued once its matcher is built, off this loop (llguidance)
-            req.status = ReqStatus.BUILDING
-            self._building[req.uid] = (req, self.matchers.build(msg.grammar))
+        if constrained:  # queued once its matcher is built, off this loop
+            self.constrained.start(req, msg.grammar)
         else:
             self.prefill_manager.add_req(req)  # WAITING
         return None
@@ -215,73 +188,33 @@ class Policy:
             return self._seeds.getrandbits(63)
         return params.seed + index
 
-    def ready_matchers(self) -> list[int]:
-        """The requests whose matcher is built (with several ranks, rank 0's list is what
-        every rank admits: the step loop agrees on it)."""
-        return [uid for uid, (_, future) in self._building.items() if future.done()]
-
-    def wait_for_matchers(self, timeout: float) -> None:
-        """Idle but for matchers being built: sleep until one is ready (or `timeout`)."""
-        futures = [future for _, future in self._building.values()]
-        if futures:
-            wait_for_futures(futures, timeout, return_when=FIRST_COMPLETED)
-
     def admit_built(self, uids: list[int]) -> list[TokenizerMsg]:
-        """Queue the requests whose matcher is built; a grammar llguidance refused after all
-        ends its request with an error."""
+        """Queue the requests whose matcher is built (`constrained.ready()`); one whose
+        grammar the library refused after all ends with an error."""
         errors: list[TokenizerMsg] = []
-        for uid in uids:
-            req, future = self._building.pop(uid)
-            try:
-                req.matcher = future.result()
-            except ValueError as e:  # a grammar the grammar library refused after all
-                req.status = ReqStatus.ABORTED
-                field = _constraint_field(req.sampling_params)
-                self.observer.ended(uid, "error", kind=ErrorKind.INVALID_SAMPLING_VALUE.value)
-                info = ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, str(e), field)
-                errors.append(BackendErrorMsg(uid, info))
+        for req, error in self.constrained.admit(uids):
+            if error is None:
+                req.status = ReqStatus.WAITING
+                self.prefill_manager.add_req(req)
                 continue
-            req.status = ReqStatus.WAITING
-            self.prefill_manager.add_req(req)
+            req.status = ReqStatus.ABORTED
+            self.observer.ended(req.uid, "error", kind=error.kind.value)
+            errors.append(BackendErrorMsg(req.uid, error))
         return errors
 
-    # --8<-- [start:fork]
     def _fork(self, first: Req) -> None:
-        """The other choices of `first`'s request share the pages of its cached prompt.
-        Each recomputes only the page that holds the prompt's last token (at most
-        page_size tokens, into a page of its own: that position's output is what the
-        choice samples its first token from), then decodes on its own."""
-        shared = (first.prompt_len - 1) // self.cache_manager.page_size
-        children = []
-        for index in range(1, first.forks_left + 1):
-            child = Req(
-                uid=first.uid,
-                token_ids=first.token_ids[: first.prompt_len],
-                prompt_len=first.prompt_len,
-                max_len=first.max_len,
-                sampling_params=first.sampling_params,
-                seed=self._seed_for(first.sampling_params, index),
-                eos_token_ids=first.eos_token_ids,
-                index=index,
-                # the first choice's matcher has consumed nothing yet: its first token
-                # is being sampled in the step that forks
-                matcher=first.matcher and self.matchers.copy(first.matcher),
-            )
-            self.cache_manager.share(first, child, shared)
-            child.cached_len = shared * self.cache_manager.page_size
-            children.append(child)
+        """The request's other choices start from `first`'s cached prompt (choices.py)."""
+        copy = self.constrained.copy
+        children = fork_choices(first, self.cache_manager, self._seed_for, copy)
         first.forks_left = 0
         self.prefill_manager.readmit(children)  # WAITING, at the front
-
-    # --8<-- [end:fork]
 
     # --8<-- [start:abort_req]
     def abort(self, uid: int, index: int | None = None, how: str = "aborted") -> list[Req]:
         """Remove a request's sequences (one choice, or all) wherever they are (`how` it
         ended, for the timeline: "aborted", or "error")."""
-        if uid in self._building:  # its matcher is still being built: it holds nothing
-            req, _ = self._building.pop(uid)
-            req.status = ReqStatus.ABORTED
+        if (req := self.constrained.drop(uid)) is not None:  # its matcher was building
+            req.status = ReqStatus.ABORTED  # (it holds nothing yet)
             self.observer.ended(req, how, sequences=1 + req.forks_left)
             return [req]
         reqs = self.prefill_manager.abort_req(uid, index)
@@ -314,12 +247,11 @@ class Policy:
         decode, preempted = self.decode_manager.schedule_next(
             self.cache_manager, self._free_req_resources
         )
+        for req in preempted:
+            req.status = ReqStatus.PREEMPTED
+            self.observer.event(req, "preempted")
         if preempted:
-            for req in preempted:
-                req.status = ReqStatus.PREEMPTED
             self.num_preemptions += len(preempted)
-            for req in preempted:
-                self.observer.event(req, "preempted")
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
@@ -405,11 +337,10 @@ class Policy:
             if req.ended:
                 continue  # aborted or finished after this step was launched
             req.append_token(token)
-            if req.matcher is not None:
-                broken = self.matchers.advance(req.matcher, token, req.finish_reason == "stop")
-                if broken is not None:
-                    replies.append(self._constraint_broken(req, broken))
-                    continue
+            if req.matcher is not None and (error := self.constrained.follow(req, token)):
+                self.abort(req.uid, how="error")  # it can no longer satisfy its constraint
+                replies.append(BackendErrorMsg(req.uid, error))
+                continue
             reply = DetokenizeMsg(req.uid, token, req.finish_reason, req.index, logprob)
             if req.cached_tokens:  # reported once, with its first token (for usage)
                 reply.cached_tokens, req.cached_tokens = req.cached_tokens, 0
@@ -426,18 +357,6 @@ class Policy:
         return replies
 
     # --8<-- [end:finish_step]
-
-    def _constraint_broken(self, req: Req, problem: str) -> BackendErrorMsg:
-        """A constrained sequence that can no longer satisfy its constraint ends its whole
-        request with an error: output reported as finished always parses."""
-        field = _constraint_field(req.sampling_params)
-        message = (
-            f"{field}: the grammar library could not follow the constraint past output token "
-            f"{req.output_len}: {problem}"
-        )
-        logger.info("uid %d: %s", req.uid, message)
-        self.abort(req.uid, how="error")
-        return BackendErrorMsg(req.uid, ErrorInfo(ErrorKind.INVALID_SAMPLING_VALUE, message, field))
 
     def _end_prefilled(self, req: Req) -> list[TokenizerMsg]:
         """A max_tokens 0 sequence ends with its prompt: every choice of the request at once
@@ -468,8 +387,3 @@ class Policy:
         self._free_req_resources(req)
 
     # --8<-- [end:end_sequence]
-
-
-def _constraint_field(params: SamplingParams) -> str:
-    """The request field a constraint came from, as the HTTP API names it."""
-    return "response_format" if params.json_schema is not None else "tools"

@@ -1,37 +1,23 @@
 """Scheduler: the step loop. It owns the engine's launch, the overlap pipeline and the
-process loop; what runs in each step is its policy's (policy.py), and with tensor
-parallelism every rank runs this same loop over the same policy (ranks.py).
+process loop; what runs in each step is its policy's (policy.py), which sees the engine only
+through its `Limits`. This is the one module of the scheduler that knows the engine.
 
 Contract (the message-shaped interface the server drives):
-- `process_msg(msg)` / `process_msgs(msgs)` take incoming messages: a `UserMsg` is admitted
-  by the policy (`Policy.add`: checked against what only the model knows, or answered at
-  once with a `BackendErrorMsg`); `AbortBackendMsg` removes the request (or one of its
-  choices) wherever it is and frees its slots and pages (`abort_req`; a uid the scheduler
-  does not know is ignored: it may have just finished); `StateQueryMsg` is answered with
-  `state()` (every rank's, with tensor parallelism), after `flush_cache()` if asked.
-- `step()` runs one forward pass over every decoding sequence plus as many prefill chunks
-  as the token budget (`SchedulerConfig.max_prefill_tokens`, paced on a CPU: pacing.py)
-  allows, and returns one `DetokenizeMsg` per sequence that produced a token; the last one
-  of a sequence carries its finish_reason, and its resources are already free when it is
-  returned.
-- `advance()` is what the loop calls instead: with overlap scheduling it launches the next
-  step and then returns the replies of the step launched before it, so the host schedules
-  step N+1 and reads step N's tokens while the device runs step N+1; without overlap it is
-  `step()`. Both are `launch_step()` followed, now or one call later, by `finish_step()`:
-  `launch_step` asks the policy for a step, hands the cache manager's page-table edits to
-  the engine (`Engine.write_pages`), launches it and lets the policy move the sequences'
-  host state on; `finish_step` waits for its tokens and gives them to the policy.
+- `process_msgs(msgs)`: a `UserMsg` is admitted by the policy (or answered at once with a
+  `BackendErrorMsg`); `AbortBackendMsg` removes the request (or one choice) wherever it is
+  and frees its slots and pages (a uid it does not know is ignored); `StateQueryMsg` is
+  answered with `state()`, after `flush_cache()` if asked.
+- `step()` launches one step (every decoding sequence plus the prefill chunks the paced
+  token budget allows: pacing.py) and returns one `DetokenizeMsg` per sequence that
+  produced a token. `advance()` is what the loop calls: with overlap scheduling it launches
+  the next step, then returns the replies of the one before, so the host schedules step
+  N+1 while the device runs step N; without overlap it is `step()`.
 - `run_forever(io)` is the process loop: receive, advance, send, until `io.receive` raises;
   `fail_all(error)` is an error reply for every request held, for a loop that must stop.
-- With tensor parallelism each call that changes state (`process_msgs`, `step`, `advance`)
-  first agrees with the other ranks (`self.ranks.agree`: rank 0 broadcasts the messages
-  and the matchers it found built, the other ranks, in `Ranks.follow`, make the same call
-  with rank 0's values); before it blocks waiting for work the loop rests them
-  (`self.ranks.rest()`; the offline `LLM` calls it too). A state query's answer gathers
-  every rank's state (`ranks`).
-
-`cache_manager`, `prefill_manager`, `decode_manager`, `table_manager`, `grammars` and
-`num_preemptions` are the policy's, read through.
+- Observers (`observe`) hear each request queued, its first token, preemptions and its end,
+  each step launched and where the step's time goes; `outbox` batches go out with replies.
+- With tensor parallelism each call that changes state first agrees with the other ranks
+  (`ranks.agree`: rank 0 broadcasts, the others make the same call: ranks.py).
 """
 
 from __future__ import annotations
@@ -56,17 +42,11 @@ from minisgl.message import (
 )
 from minisgl.observe import Observers, RequestObserver
 
-from .cache import CacheManager
 from .config import SchedulerConfig
-from .decode import DecodeManager
 from .limits import Limits
 from .pacing import PrefillPacer
 from .policy import Policy, Step
-from .prefill import PrefillManager
 from .ranks import Ranks
-from .table import TableManager
-
-DEFAULT_CPU_STEP_SECONDS = 0.3  # SchedulerConfig.prefill_step_seconds on a CPU
 
 
 class SchedulerIO(Protocol):
@@ -91,51 +71,22 @@ class Scheduler:
         self.overlap = engine.device.type == "cuda" if overlap is None else overlap
         if self.overlap:  # the engine's start-up self-check may fall back to synchronous steps
             self.overlap = engine.check_overlap()
-        pace = self.config.prefill_step_seconds
-        if pace is None:  # a CPU runs a step inside its launch: it can be timed and paced
-            pace = DEFAULT_CPU_STEP_SECONDS if engine.device.type == "cpu" else 0
         self.limits = Limits.of(engine)  # all the policy knows of the engine
-        self.pacer = PrefillPacer(
-            self.config.max_prefill_tokens, pace or None, min_rows=self.limits.prefill_rows
-        )
-        grammars = Grammars(engine.model_dir, self.limits.vocab_size)
+        on_cpu = engine.device.type == "cpu"
+        self.pacer = PrefillPacer.configured(self.config, on_cpu, self.limits.prefill_rows)
+        self.grammars = Grammars(engine.model_dir, self.limits.vocab_size)  # matchers
         self.policy = Policy(
             self.limits,
             self.config,
             self.observer,
             self.ranks.shared_seeds(),
             self.pacer.budget,
-            matchers=grammars,
+            matchers=self.grammars,
         )
         self._in_flight: _Launched | None = None  # launched, results not read yet
 
     def observe(self, observer: RequestObserver) -> None:
         self.observer.add(observer)
-
-    # the policy's parts, read through (tests, notebooks, benchmarks and io.py use them)
-    @property
-    def cache_manager(self) -> CacheManager:
-        return self.policy.cache_manager
-
-    @property
-    def prefill_manager(self) -> PrefillManager:
-        return self.policy.prefill_manager
-
-    @property
-    def decode_manager(self) -> DecodeManager:
-        return self.policy.decode_manager
-
-    @property
-    def table_manager(self) -> TableManager:
-        return self.policy.table_manager
-
-    @property
-    def grammars(self) -> Grammars:
-        return self.policy.matchers
-
-    @property
-    def num_preemptions(self) -> int:
-        return self.policy.num_preemptions
 
     # ------------------------------------------------------------------ messages
     @property
@@ -194,7 +145,7 @@ class Scheduler:
     # --8<-- [start:step]
     def step(self) -> list[TokenizerMsg]:
         """One step, launched and read back (replies of a step still in flight first)."""
-        return self._step(self.ranks.agree("step", self.policy.ready_matchers()))
+        return self._step(self.ranks.agree("step", self.policy.constrained.ready()))
 
     def _step(self, built: list[int]) -> list[TokenizerMsg]:
         replies = self.policy.admit_built(built) + self._take_in_flight()
@@ -203,7 +154,7 @@ class Scheduler:
 
     def advance(self) -> list[TokenizerMsg]:
         """With overlap: launch the next step, then read the previous one. Else `step()`."""
-        built = self.ranks.agree("advance", self.policy.ready_matchers())
+        built = self.ranks.agree("advance", self.policy.constrained.ready())
         if not self.overlap:
             return self._step(built)
         replies = self.policy.admit_built(built)
@@ -252,7 +203,7 @@ class Scheduler:
         raises when the launcher is gone (io.py), and tests end the loop the same way."""
         while True:
             if not self._can_step:  # only matchers being built: wait for them, not spin
-                self.policy.wait_for_matchers(0.01)
+                self.policy.constrained.wait(0.01)
             if not self.has_work:
                 self.ranks.rest()
             msgs = io.receive(blocking=not self.has_work)

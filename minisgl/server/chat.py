@@ -5,15 +5,15 @@ definitions: conversation.py; the shared sampling fields and rules: protocol.py)
 `v1_chat_completions` checks the model, builds the `TokenizeMsg` maker and the
 `ChatFormat`, and hands both to `respond` (response.py), which owns the request's
 lifecycle; it never waits itself. What splits a choice's text into reasoning, content and
-tool calls is the server's output parsers' (minisgl/parsers/), which the route reads from
-the app's state: this module knows their interfaces, not their markup. The shapes validate
-as the `openai` client's `ChatCompletion` and `ChatCompletionChunk`.
+tool calls is the server's output parsers' (minisgl/parsers/, chosen by flag, read from the
+app's state; choice_text.py is the one tie to them, by interface). The shapes validate as
+the `openai` client's `ChatCompletion` and `ChatCompletionChunk`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
@@ -22,30 +22,22 @@ from minisgl.core import SamplingParams
 from minisgl.message import TokenInfo, TokenizeMsg
 
 from .buffer import ChoiceOutput, Output
+from .choice_text import ChoiceText, ToolCalls
 from .conversation import ChatMessage, _IgnoredChatFields, _TemplateFields, _ToolFields
 from .endpoint import salted, unknown_model
 from .formats import OutputFormat
 from .protocol import Count, ParamError, _SamplingFields, sampling_field
 from .response import Job, respond
+from .structured import _StructuredFields
 
 router = APIRouter()
 
 
-class ToolCalls(Protocol):
-    """One request's tool-call format (minisgl/parsers/: a flag chooses it)."""
-
-    forced: bool
-
-    def grammar(self) -> str | None: ...
-
-    def parser(self) -> Any: ...
-
-    def finish_reason(self, reason: str | None, made_calls: bool) -> str | None: ...
-
-
 # --8<-- [start:request_model]
 # --8<-- [start:request_model_core]
-class ChatCompletionRequest(_TemplateFields, _ToolFields, _IgnoredChatFields, _SamplingFields):
+class ChatCompletionRequest(
+    _TemplateFields, _ToolFields, _IgnoredChatFields, _StructuredFields, _SamplingFields
+):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Count | None = None  # the newer name of max_tokens
     logprobs: bool = False
@@ -81,40 +73,6 @@ class ChatCompletionRequest(_TemplateFields, _ToolFields, _IgnoredChatFields, _S
 # --8<-- [end:request_model]
 
 
-class _ChoiceText:
-    """How one chat choice's text splits: the think block into reasoning (with a
-    reasoning parser), tool-call blocks into tool-call deltas (with tools), the rest into
-    content."""
-
-    def __init__(self, tools: ToolCalls | None, reasoning: Any) -> None:
-        self.reasoning = reasoning
-        self.tools = tools.parser() if tools is not None else None
-        self._given = 0  # calls completed_calls() has returned
-
-    def feed(self, text: str, finish_reason: str | None) -> tuple[str, str, list[dict]]:
-        """(reasoning, content, tool-call deltas) for the choice's next text; a
-        `finish_reason` says that nothing more comes, so what was held goes out too."""
-        reasoning, content = ("", text) if self.reasoning is None else self.reasoning.feed(text)
-        if finish_reason is not None and self.reasoning is not None:
-            more_reasoning, more = self.reasoning.close()
-            reasoning, content = reasoning + more_reasoning, content + more
-        if self.tools is None:
-            return reasoning, content, []
-        if finish_reason is None:
-            return reasoning, *self.tools.feed(content)
-        return reasoning, *self.tools.finish(content, truncated=finish_reason == "length")
-
-    @property
-    def calls(self) -> list[dict[str, Any]]:
-        return self.tools.calls if self.tools is not None else []
-
-    def completed_calls(self) -> list[dict[str, Any]]:
-        """The calls completed since the last time asked, whole (responses/format.py)."""
-        done = self.tools.done if self.tools is not None else 0
-        new, self._given = self.calls[self._given : done], done
-        return new
-
-
 class ChatFormat(OutputFormat):
     """With `tools` (the request's tool-call format), each choice's text goes through its
     parser: its tool-call blocks become `tool_calls` (streamed as `delta.tool_calls`: a
@@ -140,12 +98,12 @@ class ChatFormat(OutputFormat):
         self.tools = tools
         self.reasoning = reasoning
         self.reasoning_open = False  # the output starts inside the think block
-        self._texts: dict[int, _ChoiceText] = {}  # per choice, while it streams
+        self._texts: dict[int, ChoiceText] = {}  # per choice, while it streams
 
-    def _choice_text(self, index: int) -> _ChoiceText:
+    def _choice_text(self, index: int) -> ChoiceText:
         if index not in self._texts:
             parser = self.reasoning(self.reasoning_open) if self.reasoning else None
-            self._texts[index] = _ChoiceText(self.tools, parser)
+            self._texts[index] = ChoiceText(self.tools, parser)
         return self._texts[index]
 
     def _parse(self, choice: ChoiceOutput) -> tuple[str, list[dict[str, Any]]]:

@@ -13,7 +13,7 @@ request with more prompts than the server serves at once (--max-concurrent-reque
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from pydantic import Field, model_validator
@@ -24,13 +24,16 @@ from minisgl.message import TokenInfo, TokenizeMsg, pack_ids
 from .buffer import ChoiceOutput, Output
 from .endpoint import refused, salted, unknown_model
 from .formats import OutputFormat
-from .protocol import CompletionCount, ParamError, TokenId, _SamplingFields, sampling_field
+from .protocol import MAX_TOKENS, ParamError, TokenId, _SamplingFields, sampling_field
 from .response import Job, respond
+from .structured import _StructuredFields
 
 router = APIRouter()
+# completions' max_tokens may be 0: with echo that scores the prompt and generates nothing
+CompletionCount = Annotated[int, Field(**MAX_TOKENS)]
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(_StructuredFields, _SamplingFields):
     prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     max_tokens: CompletionCount | None = 16  # OpenAI's default for completions
     logprobs: int | None = sampling_field("logprobs")

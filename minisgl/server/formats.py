@@ -1,17 +1,13 @@
 """Response bodies in the OpenAI wire format: what every endpoint's format shares.
 
 Contract: a format object (chat.py's `ChatFormat`, completions.py's `CompletionFormat`, the
-Responses API's) is made per HTTP request (it holds the id, creation time, model
-name and what was already sent) and turns the frontend's coalesced `Output`s into
-- `chunks(output)`: the SSE bytes of one output (a choice's first chunk carries
-  role "assistant" in chat; a choice that ended gets a chunk with its finish_reason; an
-  error after streaming began is one `data: {"error": ...}` event),
-- `closing(output, include_usage)`: what ends the stream: the usage chunk asked for by
-  `stream_options.include_usage`, then `data: [DONE]`; with `continuous_usage` (vLLM's
-  `stream_options.continuous_usage_stats`) every chunk also carries the usage so far,
-- `body(...)`: the whole non-streaming response,
-- `error(error_info)`: the HTTP error answer on this endpoint (it names its prompt field).
-A subclass says what a choice's delta, end chunk and whole body look like.
+Responses API's) is made per HTTP request (its id, creation time, model, what was sent)
+and turns the frontend's coalesced `Output`s into `chunks(output)`, the SSE bytes of one
+output (an error after streaming began is one `data: {"error": ...}` event); `closing
+(output, include_usage)`, what ends the stream (the usage chunk when asked, then `data:
+[DONE]`; with `continuous_usage` every chunk carries the usage so far); `body(...)`, the
+whole non-streaming response; and `error(error_info)`, the HTTP error answer on this
+endpoint. A subclass says what a choice's delta, end chunk and whole body look like.
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """FrontendManager: the API server's per-uid state, its one listener, and the request scope.
 
 Contract:
-- Every HTTP request that reaches the backend lives inside `async with frontend.request(...)`.
-  Entering it allocates a uid, creates the uid's `RequestState` (a reply buffer and a wake-up
-  event) and sends the TokenizeMsg. Leaving it, on *every* path, deletes the state; leaving
-  before the terminal reply arrived (disconnect, cancellation, an exception, a consumer that
-  stopped early) also sends AbortMsg so the workers free theirs. Nothing is cleaned up at the
-  tail of a generator, where an early `break` would skip it.
-- One listener coroutine (`listen`) receives every UserReply, appends it to its uid's buffer
-  and sets the uid's event; a reply for a uid with no state is dropped (late messages never
-  recreate state). A buffer past `max_pending_bytes` (a consumer that does not keep up) ends
-  the request with an error and aborts it in the backend.
-- `wait_for_ack(state)` is the consumer side: wait, clear, take everything pending as one
-  coalesced `Output`, yield it; it ends after the terminal output.
-- Sends are synchronous (they only queue a ZMQ frame), so a `finally` can send AbortMsg
-  without awaiting, even in a task that is being cancelled.
-- Observers added with `observe` (metrics, timelines, the stall sweeper) are told when a
-  request is received, gets its first output, gets a reply, is being sent to its client,
-  and how it ended; they never change what happens to it.
+- Every request that reaches the backend lives inside `async with frontend.request(...)`:
+  entering creates its uid's `RequestState` (a reply buffer and a wake-up event) and sends
+  the TokenizeMsg; leaving, on every path, deletes the state, and sends AbortMsg when the
+  terminal reply has not come (disconnect, cancellation, an exception, a consumer that
+  stopped early). Sends only queue a ZMQ frame: a `finally` sends without awaiting.
+- `listen` routes every UserReply to its uid's buffer and sets its event; a late reply is
+  dropped, never recreating state; a buffer past `max_pending_bytes` ends its request.
+- `wait_for_ack(state)` waits, clears, takes everything pending as one `Output`, yields it.
+- Observers (`observe`: the metrics, the timelines, the stall sweeper) hear each request's
+  life: received, first output, each reply, each send to its client, how it ended.
 """
 
 from __future__ import annotations
@@ -36,9 +29,9 @@ from minisgl.message import (
     ErrorInfo,
     ErrorKind,
     FrontendMsg,
+    Lifecycle,
     LifecycleQueryMsg,
     LifecycleStateMsg,
-    SchedulerState,
     TokenizeMsg,
     TokenizerMsg,
     UserReply,
@@ -50,15 +43,6 @@ from .errors import RequestFailed, error_code
 from .middleware import request_id_var
 
 logger = logging.getLogger(__name__)
-
-
-class Lifecycle(msgspec.Struct):
-    """Every process's live per-uid state (`lifecycle()`); the HTTP edge answers it as
-    JSON through `msgspec.to_builtins`, which leaves out the scheduler's unset fields."""
-
-    frontend: dict[str, int]
-    tokenizer: dict[str, int]
-    scheduler: SchedulerState
 
 
 # --8<-- [start:request_state]
@@ -281,20 +265,6 @@ class FrontendManager:
         for fut in self._queries.values():
             if not fut.done():
                 fut.set_exception(RequestFailed(error))
-
-    def end_all(self, error: ErrorInfo) -> None:
-        """End every in-flight request with `error` (shutdown); the backend drops them."""
-        for state in list(self.states.values()):
-            self.end_with_error(state, error)
-
-    async def wait_idle(self, timeout: float) -> bool:
-        """Wait until no request is in flight; False if some still are after `timeout`."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while self.states:
-            if asyncio.get_running_loop().time() >= deadline:
-                return False
-            await asyncio.sleep(0.05)
-        return True
 
     async def lifecycle(self, timeout: float = 10.0, flush_cache: bool = False) -> Lifecycle:
         """Live per-uid state of all three processes, the workers' asked over ZMQ. The

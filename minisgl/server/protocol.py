@@ -13,22 +13,18 @@ Each endpoint's own model is in its module (chat.py, completions.py, responses.p
 
 from __future__ import annotations
 
-import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from minisgl.core import INT32_MAX, SAMPLING_RULES, SamplingParams
-from minisgl.utils.jsonschema import closed_schema
 
 # Integer bounds: what the wire format (msgpack, int32 token arrays) and the engine's
 # int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
 TokenId = Annotated[int, Field(**SAMPLING_RULES["stop_token_ids"].field_constraints())]
-_MAX_TOKENS = SAMPLING_RULES["max_tokens"].field_constraints()
+MAX_TOKENS = SAMPLING_RULES["max_tokens"].field_constraints()
 # chat must generate something (as OpenAI's API); larger max_tokens are clamped anyway
-Count = Annotated[int, Field(**{**_MAX_TOKENS, "ge": 1})]
-# completions' max_tokens may be 0: with echo that scores the prompt and generates nothing
-CompletionCount = Annotated[int, Field(**_MAX_TOKENS)]
+Count = Annotated[int, Field(**{**MAX_TOKENS, "ge": 1})]
 # a request field named otherwise than the SamplingParams field whose rule it follows
 _RULE_OF = {
     "max_completion_tokens": "max_tokens",
@@ -87,39 +83,6 @@ class StreamOptions(_Strict):
     continuous_usage_stats: bool = False
 
 
-class JsonSchemaFormat(_Strict):
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None  # the output always follows the schema either way
-
-
-class ResponseFormat(_Strict):
-    """`text`, `json_object` (any JSON object) or `json_schema` (one JSON value valid
-    against `json_schema.schema`): decoding is constrained by a grammar compiled from it."""
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _check(self):
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise ParamError("response_format", "json_schema goes with type json_schema only")
-        return self
-
-    def schema_text(self) -> str | None:
-        """The schema the output must follow, as JSON text (None: free text)."""
-        if self.type == "json_object":
-            return '{"type": "object"}'
-        if self.type == "json_schema":
-            # properties it does not list are forbidden unless it allows them, as in
-            # xgrammar's strict default: pydantic's schemas leave that unsaid
-            return json.dumps(closed_schema(self.json_schema.schema_))
-        return None
-
-
 class RuleChecked(BaseModel):
     """A request model (mixed in) whose fields named as SamplingParams' (or in `_RULE_OF`)
     follow its rules."""
@@ -166,7 +129,6 @@ class _SamplingFields(_Strict, RuleChecked):
     ignore_eos: bool = False
     stop_token_ids: list[TokenId] | None = None
     repetition_penalty: float = sampling_field("repetition_penalty", 1.0)
-    response_format: ResponseFormat | None = None
     # vLLM's: requests share cached prefix pages only when their salts are equal
     cache_salt: str | None = sampling_field("cache_salt")
 
@@ -186,6 +148,10 @@ class _SamplingFields(_Strict, RuleChecked):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def output_schema(self) -> str | None:
+        """The JSON schema the output must follow (structured.py's mixin has one)."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -216,7 +182,7 @@ class _SamplingFields(_Strict, RuleChecked):
             repetition_penalty=self.repetition_penalty,
             logit_bias={int(k): v for k, v in (self.logit_bias or {}).items()},
             logprobs=logprobs,
-            json_schema=self.response_format.schema_text() if self.response_format else None,
+            json_schema=self.output_schema(),
             grammar=grammar,
             cache_salt=self.cache_salt,
         )

@@ -1,21 +1,13 @@
 """The two ways a completion goes back to the client, as plain ASGI callables.
 
 Contract: a route hands `respond` a `Job` (one message maker per prompt, and the output
-format), which picks `StreamResponse` or `FullResponse`; calling it (Starlette does)
-runs the whole request inside one `frontend.request(...)` scope while a second task listens
-on the ASGI receive channel. A client that disconnects (streaming or not, before or after
-the first byte) cancels the serving task, so the scope exits early and sends AbortMsg.
-
-- Errors known before the first byte (refused prompt, tokenizer failure, dead backend)
-  are a JSON error body with a real HTTP status, also for `stream: true`: the stream waits
-  for the first output before it sends its headers.
-- An error after streaming began is one `data: {"error": ...}` event, then `data: [DONE]`
-  (on /v1/responses a `response.failed` event: the format decides, see formats.py and
-  responses/format.py).
-- Every send of output to the client runs inside `frontend.sending(state)`; the stall
-  sweeper (stalls.py) cancels a request whose send has blocked longer than
-  `--client-stall-timeout` (the client reads nothing while output waits). The connection
-  is then closed without a final chunk.
+format), which picks `StreamResponse` or `FullResponse`. Calling it (Starlette does) runs
+the whole request inside `frontend.request(...)` scopes while a second task watches the
+ASGI receive channel: a client that disconnects, before or after the first byte, cancels
+the serving task, so the scope exits early and sends AbortMsg. An error known before the
+first byte is a JSON body with a real HTTP status, also for `stream: true` (the stream
+waits for the first output before its headers); after it, the format's error event. Each
+send to the client runs inside `frontend.sending(state)`, which the stall sweeper watches.
 """
 
 from __future__ import annotations
@@ -166,9 +158,8 @@ class FullResponse(_CompletionResponse):
                 out.cached_tokens,
                 out.reasoning_open,
             )
-            with self.frontend.sending(
-                states[0]
-            ):  # a client that never reads this body is a stall too
+            # a client that never reads this body is a stall too
+            with self.frontend.sending(states[0]):
                 await self.send_response(send, json_response(200, body))
 
 

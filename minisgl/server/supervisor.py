@@ -238,10 +238,10 @@ class Supervisor:
         logger.info(
             "stopping: %d request(s) in flight, %.0f s to finish", len(frontend.states), timeout
         )
-        if not await frontend.wait_idle(timeout):
+        if not await wait_idle(frontend, timeout):
             logger.warning("aborting %d request(s) still in flight", len(frontend.states))
-            frontend.end_all(ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
-            await frontend.wait_idle(2.0)  # let their error replies reach the clients
+            end_all(frontend, ErrorInfo(ErrorKind.SHUTTING_DOWN, "the server is shutting down"))
+            await wait_idle(frontend, 2.0)  # let their error replies reach the clients
         self._server.should_exit = True
 
     # --8<-- [end:drain]
@@ -262,7 +262,7 @@ class Supervisor:
         # keep answering 503 for a moment, so health checks and clients learn why
         loop = asyncio.get_running_loop()
         started = loop.time()
-        await self._frontend.wait_idle(FAILED_EXIT_DELAY_S)
+        await wait_idle(self._frontend, FAILED_EXIT_DELAY_S)
         await asyncio.sleep(max(0.0, started + FAILED_EXIT_DELAY_S - loop.time()))
         self._server.should_exit = True
 
@@ -312,3 +312,19 @@ def _hurried_by_signals(workers: dict[str, Worker]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def end_all(frontend: FrontendManager, error: ErrorInfo) -> None:
+    """End every in-flight request with `error` (shutdown); the backend drops them."""
+    for state in list(frontend.states.values()):
+        frontend.end_with_error(state, error)
+
+
+async def wait_idle(frontend: FrontendManager, timeout: float) -> bool:
+    """Wait until no request is in flight; False if some still are after `timeout`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while frontend.states:
+        if asyncio.get_running_loop().time() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True

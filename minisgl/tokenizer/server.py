@@ -1,26 +1,21 @@
 """The tokenizer worker: text -> token ids on the way in, ids -> text on the way out.
 
 Contract (per uid), one branch of `handle` per message:
-- TokenizeMsg: the worker's preparation (`prepare`, tokenizer/prepare.py) turns it into
-  the prompt's ids, with its constraint's grammar compiled, off this loop where that is
-  slow; then `_start` creates the decode state and sends UserMsg to the scheduler. A
-  request the preparation refuses (a prompt that cannot be tokenized or cannot fit, a
-  constraint that does not compile) is answered at once with an error UserReply. A prompt
-  that leaves a reasoning model inside its think block is told to the API server first.
-- AbortMsg: drop the decode state (or the request's preparation) and forward
-  AbortBackendMsg (the reference forwarded the abort but kept the decode state, which
-  then leaked).
-- DetokenizeMsg: the DetokenizeManager (detokenize.py) makes it the UserReply of that
-  choice; when a stop string ends a choice, AbortBackendMsg(uid, index) stops it in the
-  scheduler; the reply that ends the last choice is the request's terminal one and removes
-  the decode state. A token for a uid without decode state (aborted) is dropped.
-  Consecutive DetokenizeMsgs are decoded in one batched tokenizer call.
+- TokenizeMsg: the worker's `prepare` (tokenizer/prepare.py: tokenizing, compiling the
+  constraint, off this loop where that is slow) makes the prompt ids; `_start` then creates
+  the decode state and sends UserMsg to the scheduler, or answers a refused request at once
+  with an error UserReply.
+- AbortMsg: drop the decode state (or the preparation) and forward AbortBackendMsg (the
+  reference forwarded the abort but kept the decode state, which then leaked).
+- DetokenizeMsg (consecutive ones decoded in one batch): the UserReply of that choice; a
+  stop string that ends a choice stops it in the scheduler (AbortBackendMsg(uid, index));
+  the reply that ends the last choice is terminal and removes the decode state; a token for
+  a uid without decode state (aborted) is dropped.
 - BackendErrorMsg: drop the decode state, send the error on as the terminal UserReply.
-- LifecycleQueryMsg: forwarded to the scheduler; its answer (SchedulerStateMsg) goes to the
-  API server together with this worker's own counts.
+- LifecycleQueryMsg: on to the scheduler; its answer goes back with this worker's counts.
 - Anything else (the scheduler's observers' batches) is this worker's observers' to take,
-  or is passed on to the API server. Observers (`observe`) also hear each request
-  tokenized, its first output, a stop string and its end.
+  or is passed on. Observers (`observe`) also hear each request tokenized, its first
+  output, a stop string and its end.
 """
 
 from __future__ import annotations

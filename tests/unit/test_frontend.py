@@ -15,9 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minisgl.core import SamplingParams
-from minisgl.message import ErrorInfo, ErrorKind, LifecycleStateMsg, TokenizeMsg, UserReply
+from minisgl.message import (
+    ErrorInfo,
+    ErrorKind,
+    Lifecycle,
+    LifecycleStateMsg,
+    TokenizeMsg,
+    UserReply,
+)
 from minisgl.server.errors import RequestFailed, to_http
-from minisgl.server.frontend import FrontendManager, Lifecycle, Output
+from minisgl.server.frontend import FrontendManager, Output
 from minisgl.server.stalls import StallSweeper
 from minisgl.testing.fakes import listening, make_frontend, scheduler_state, settle
 

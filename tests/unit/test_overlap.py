@@ -174,7 +174,7 @@ def test_preempted_with_a_pending_token_then_finished_leaves_no_trace(tiny_dirs)
     expected = _run(_sched(small, overlap=False))
     sched = _sched(small, overlap=True)
     replies = _run(sched)
-    assert sched.num_preemptions > 0
+    assert sched.policy.num_preemptions > 0
     for uid in PROMPTS:
         assert _tokens(replies, uid) == _tokens(expected, uid)
     assert _live(sched) == ZERO

@@ -76,7 +76,7 @@ def test_a_long_prompt_beside_a_decoding_request_is_prefilled_in_paced_chunks(tm
         )
         == []
     )
-    (long,) = [r for r in sched.prefill_manager.pending if r.uid == 2]
+    (long,) = [r for r in sched.policy.prefill_manager.pending if r.uid == 2]
     chunks, decoded = [], 0
     while not long.ended:
         before = long.cached_len

@@ -63,8 +63,8 @@ def test_the_cache_changes_no_token(arch, overlap, tiny_dirs) -> None:
     on = _llm(tiny_dirs, arch, "radix", overlap_schedule=overlap)
     off = _llm(tiny_dirs, arch, "none", overlap_schedule=overlap)
     assert _workload(on) == _workload(off)
-    cache = on.scheduler.cache_manager
-    assert cache.hit_tokens > 0 and off.scheduler.cache_manager.hit_tokens == 0
+    cache = on.scheduler.policy.cache_manager
+    assert cache.hit_tokens > 0 and off.scheduler.policy.cache_manager.hit_tokens == 0
     assert cache.used == 0 and cache.cached == cache.nodes > 0  # held by the cache alone
 
 
@@ -80,10 +80,10 @@ def test_eviction_and_preemption_together_change_no_token(arch, tiny_dirs) -> No
         outs[cache] = first + _tokens(llm.generate(prompts, GREEDY))
         state = llm.scheduler.state()
         assert state.kv_pages_used == 0 and state.table_slots_used == 0
-        assert llm.scheduler.num_preemptions > 0
+        assert llm.scheduler.policy.num_preemptions > 0
         if cache == "radix":
-            assert llm.scheduler.cache_manager.evicted_pages > 0
-            assert llm.scheduler.cache_manager.hit_tokens > 0
+            assert llm.scheduler.policy.cache_manager.evicted_pages > 0
+            assert llm.scheduler.policy.cache_manager.hit_tokens > 0
     assert outs["radix"] == outs["none"]
 
 

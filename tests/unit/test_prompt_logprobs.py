@@ -102,7 +102,7 @@ def test_a_cached_prefix_is_recomputed_for_its_logits(tiny_dirs, hf_models):
     llm = _llm(tiny_dirs, "llama")  # the prefix cache is on by default
     ids = PROMPTS[3]
     llm.generate([ids], SamplingParams(max_tokens=1))  # leaves the prompt's pages cached
-    assert llm.scheduler.cache_manager.cached > 0
+    assert llm.scheduler.policy.cache_manager.cached > 0
     again = llm.generate([ids], SamplingParams(max_tokens=1))[0]
     assert again.cached_tokens > 0  # a request without prompt logprobs takes the hit
     scored = llm.generate([ids], SamplingParams(max_tokens=0, prompt_logprobs=K))[0]
@@ -139,7 +139,7 @@ def test_a_prefill_interrupted_and_recomputed_scores_each_position_once(tiny_dir
     )
     sched.step()
     sched.step()  # 16 of 41 tokens prefilled, 16 positions scored
-    (req,) = sched.prefill_manager.pending
+    (req,) = sched.policy.prefill_manager.pending
     assert req.prompt_scores.launched == 16 and len(req.prompt_scores.values) == 16
     sched.policy._take_back(req)  # what _make_room_for_decode does to it
     assert req.cached_len == 0
@@ -165,7 +165,7 @@ def test_aborting_mid_prefill_frees_the_scores_with_the_request(tiny_dirs):
 
 def sched_reqs(llm: LLM) -> list:
     s = llm.scheduler
-    return [*s.prefill_manager.pending, *s.decode_manager.running.values()]
+    return [*s.policy.prefill_manager.pending, *s.policy.decode_manager.running.values()]
 
 
 def test_prompt_logprobs_do_not_count_against_the_slow_client_cap():

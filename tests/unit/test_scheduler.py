@@ -186,7 +186,7 @@ def test_a_sequence_s_status_is_set_at_every_transition_and_names_its_holder(
     aborted, only along the transitions core.py names; between steps a sequence is in the
     manager its status names, and in no manager once it ended."""
     from minisgl.core import Req, ReqStatus
-    from minisgl.scheduler import policy
+    from minisgl.scheduler import choices, policy
 
     W, PF, R, P = ReqStatus.WAITING, ReqStatus.PREFILLING, ReqStatus.RUNNING, ReqStatus.PREEMPTED
     F, A = ReqStatus.FINISHED, ReqStatus.ABORTED
@@ -203,6 +203,7 @@ def test_a_sequence_s_status_is_set_at_every_transition_and_names_its_holder(
             super().__setattr__(name, value)
 
     monkeypatch.setattr(policy, "Req", Traced)
+    monkeypatch.setattr(choices, "Req", Traced)  # the forked choices
     small = tiny_cpu_engine(tiny_dirs["llama"], num_pages=9, max_seq_len=32)
     sched = Scheduler(small, SchedulerConfig(max_prefill_tokens=8))
     for uid, length, n in ((1, 14, 1), (2, 9, 1), (3, 5, 2), (4, 6, 1)):
@@ -213,13 +214,17 @@ def test_a_sequence_s_status_is_set_at_every_transition_and_names_its_holder(
         if not sched.has_work:
             break
         sched.step()
-        assert all(r.status in (W, PF, P) for r in sched.prefill_manager.pending)
-        assert all(r.status is R for r in sched.decode_manager.running.values())
+        assert all(r.status in (W, PF, P) for r in sched.policy.prefill_manager.pending)
+        assert all(r.status is R for r in sched.policy.decode_manager.running.values())
         held = {
-            id(r) for r in (*sched.prefill_manager.pending, *sched.decode_manager.running.values())
+            id(r)
+            for r in (
+                *sched.policy.prefill_manager.pending,
+                *sched.policy.decode_manager.running.values(),
+            )
         }
         assert all(id(r) not in held for r, _ in traces if r.ended)
-    assert not sched.has_work and sched.num_preemptions > 0
+    assert not sched.has_work and sched.policy.num_preemptions > 0
     assert len(traces) == 5  # four requests, one of them with a forked second choice
     for req, trace in traces:
         steps = [s for i, s in enumerate(trace) if i == 0 or s is not trace[i - 1]]

@@ -26,6 +26,7 @@ from minisgl.message import (
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.supervisor import end_all
 from minisgl.testing.fakes import FakeBackend, listening, wait_until
 from minisgl.timeline.api import ApiTimeline, Timelines
 from minisgl.timeline.events import (
@@ -247,7 +248,7 @@ def test_preempted_requests_say_so_and_are_readmitted(tiny_dirs):
     sched, _ = _timed(engine, 64)
     users = [_user(uid, 8, max_tokens=14, ignore_eos=True) for uid in range(1, 4)]
     events = _run(sched, users)
-    assert sched.num_preemptions > 0
+    assert sched.policy.num_preemptions > 0
     timelines = _by_uid(events)
     preempted = [uid for uid, evs in timelines.items() if any(e.event == "preempted" for e in evs)]
     assert preempted
@@ -378,7 +379,7 @@ async def test_the_api_server_names_how_each_request_ended(ending, event, detail
                 UserReply(state.uid, "a long text", prompt_tokens=3, completion_tokens=1)
             )
         elif ending == "shutdown":
-            frontend.end_all(ErrorInfo(ErrorKind.SHUTTING_DOWN, "bye"))
+            end_all(frontend, ErrorInfo(ErrorKind.SHUTTING_DOWN, "bye"))  # a shutdown
         else:
             error = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "too long")
             backend.inject(UserReply(state.uid, finished=True, error=error))

@@ -32,7 +32,8 @@ import msgspec
 from minisgl.message import ErrorInfo, TokenInfo
 
 from ..buffer import ChoiceOutput, Output
-from ..chat import ChatFormat, ToolCalls
+from ..chat import ChatFormat
+from ..choice_text import ToolCalls
 from ..errors import to_http
 from .request import ResponsesRequest
 
