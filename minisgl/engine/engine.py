@@ -45,6 +45,7 @@ from minisgl.observe import RequestObserver
 from minisgl.utils.process import available_ram
 
 from .config import EngineConfig
+from .grammar import Grammars
 from .graph import BUCKETS, DecodeGraphRunner
 from .inputs import StepInputBuilder
 from .runner import StepRunner
@@ -86,6 +87,7 @@ class Engine:
             slots, pages_per_req, self.page_size, self.pool.scratch_page, self.device, graph_bs
         )
         self.sampler = Sampler(c.vocab_size, self.device, slots, self.tp)
+        self.grammars = Grammars(self.model_dir, c.vocab_size)  # constrained requests' matchers
         self.graph_runner: DecodeGraphRunner | None = None
         if self.inputs.decode_buffers is not None:
             self.graph_runner = DecodeGraphRunner(

@@ -11,12 +11,11 @@ Contract:
 - The two counts: narrow leaves two cores to the API server and the tokenizer worker
   (cores - 2, at least 1: `share_cpu_cores` below); wide takes every core.
 
-Why choose at run time: on an idle machine the wide count is faster (a 2-core VM: a
-batch-1 decode step 17.5 against 24.3 ms, sixteen streams 1.27x the tokens per second),
-but torch's threads spin-wait on each other at every parallel operator, and while another
-process holds one of the cores the wide count is many times slower (the same step 172 ms
-beside one busy process, the narrow count unchanged at 24.4). Which one wins depends on
-what else runs, which only the step's own time shows. So each group of steps first runs
+Why choose at run time: on an idle machine the wide count is faster, but torch's threads
+spin-wait on each other at every parallel operator, and while another process holds one of
+the cores the wide count is many times slower (benchmarks/RESULTS.md, "Why the CPU path is
+shaped as it is"). Which one wins depends on what else runs, which only the step's own
+time shows. So each group of steps first runs
 a couple of steps with each count, keeps the faster (each count judged by its fastest step:
 the first after a pause may wake sleeping threads), and retries the other now and then:
 every PROBE_EVERY steps while the wide count leads (its failure is the costly one), and
@@ -180,8 +179,8 @@ class ThreadChoice:
 
 def share_cpu_cores(device: str) -> None:
     """On a CPU the API server and the tokenizer worker need cores too: torch's compute
-    threads spin-wait on each other, and one descheduled thread stalls them all (a 1500-token
-    stream took 57 s instead of 1.3 s on two cores). Leave two cores to the other processes.
+    threads spin-wait on each other, and one descheduled thread stalls them all (a stream
+    many times slower: benchmarks/RESULTS.md). Leave two cores to the other processes.
     This is where a process starts; a single-rank engine then widens a step to every core
     where that measures faster (`ThreadChoice` above)."""
     if device == "cuda" or (device == "auto" and torch.cuda.is_available()):

@@ -100,16 +100,14 @@ class Linear(nn.Linear):
     the ops torch.compile's CPU weight-freezing pass emits for a linear layer.
 
     Why: a decode step multiplies a few rows (one per request) by every weight of the
-    model. torch's default CPU matmul (MKL sgemm) measured slow at that shape on a 2-core
-    AMD EPYC: with prepacked weights the decoder layers' matmuls at 16 rows took about 0.7x
-    the time and the LM head's (49152 x 576) about 0.4x; prefill-sized matmuls were no
-    slower. Results differ from F.linear's only by float rounding (summation order), as
+    model. torch's default CPU matmul (MKL sgemm) is slow at that shape, prepacked weights
+    markedly faster, prefill-sized matmuls no slower (benchmarks/RESULTS.md). Results differ from F.linear's only by float rounding (summation order), as
     they do between two matmul shapes of F.linear itself.
 
     The packed copy is made on first use and again whenever the weight changes (another
     tensor, or written in place: its version counter); it is a cache, not module state.
-    It doubles the weights' memory. oneDNN keeps a compiled primitive per input shape (about
-    0.6 MB each, measured; a soak test saw the server grow with every new token count), so
+    It doubles the weights' memory. oneDNN keeps a compiled primitive per input shape (a
+    soak test saw the server grow with every new token count), so
     only inputs of up to PACKED_ROWS[-1] rows take this path, padded up to one of a few row
     counts: the shapes are bounded and warm after the first steps. Anything else (longer
     prefills, CUDA, other dtypes, autograd) runs F.linear unchanged."""

@@ -17,9 +17,9 @@ Contract:
 - A token's results are the same alone or in a batch, on any thread count: every output is
   summed in an order fixed by the shapes (native_gemv.h, native_attention.h).
 
-Why: a batch-1 step of the embedded 30-layer model is about 2,000 torch operators, which
-on a 2-core VM cost two thirds of the step in dispatch and Python, not in arithmetic:
-torch's int4 kernel itself was 11 ms of a 35 ms step. In C the same step is one call; the
+Why: a batch-1 step of the embedded 30-layer model is about 2,000 torch operators, whose
+dispatch and Python cost most of a small step, more than its arithmetic (the figures are in
+benchmarks/RESULTS.md). In C the same step is one call; the
 weights are still streamed once, as they must be, and in a batch each block of them is
 read from memory once for all the tokens. What a step costs then is the weights' bytes,
 the arithmetic on them, and the attention over each context: the matrix-vector kernel

@@ -37,15 +37,12 @@ logger = logging.getLogger(__name__)
 
 GROUP = 32  # inputs per scale: GGUF's block size, the kernel's smallest group
 # From this many input rows on (prefill), dequantizing the weight to bf16 for one GEMM
-# beats the int4 kernel, which re-unpacks the codes for every 4 rows. Measured on a 2-core
-# Xeon (AVX-512 BF16, AMX), one thread: at 96 rows 5.4 ms against 7.7 (3072 x 576), 2.9
-# against 3.8 (576 x 1536), 1.9 against 2.4 (960 x 576); at 80 rows about even (two
-# threads alike). The dequantization itself: 3.1 ms for 3072 x 576 on one thread.
+# beats the int4 kernel, which re-unpacks the codes for every 4 rows (benchmarks/RESULTS.md,
+# "Why the CPU path is shaped as it is", has the measurements)
 DEQUANT_ROWS = 96
-# A step from DEQUANT_ROWS on dequantizes every weight once, whatever its rows: about 100
-# ms for the embedded model on a 2-core VM, against about 0.5 ms per further row. So a
-# prompt chunk beside decodes takes the step to PREFILL_ROWS, where that fixed cost is
-# about a fifth of the step (see `prefill_rows`).
+# A step from DEQUANT_ROWS on dequantizes every weight once, whatever its rows: a prompt
+# chunk beside decodes takes the step to PREFILL_ROWS, where that fixed cost is a small
+# part of the step (see `prefill_rows`)
 PREFILL_ROWS = 4 * DEQUANT_ROWS
 BLOCK_N = 64  # output rows are padded to a multiple of the CPU kernel's widest block
 _PACK_ROWS = 4096  # rows packed per call: bounds the int32 temporary the packer needs
@@ -359,9 +356,7 @@ def prefill_rows(model: nn.Module) -> int:
     Under DEQUANT_ROWS every row of an int4 step rides a kernel that unpacks the codes again
     for every 4 rows, so a prompt token there costs about what a decode token does; from it
     on, the step dequantizes each weight once for a bf16 GEMM, and a chunk that only just
-    reaches it pays that whole cost for a few dozen prompt tokens. On a 2-core VM, 16 decodes
-    beside 80 prompt tokens took about 440 ms a step, beside 176 about 490, beside 368 about
-    600."""
+    reaches it pays that whole cost for a few dozen prompt tokens."""
     return PREFILL_ROWS if any(isinstance(m, Int4Linear) for m in model.modules()) else 1
 
 

@@ -13,17 +13,11 @@ max_tokens is a fraction of a second anyway and launches do not wait for it).
 Why pace: on a CPU a chunk of 8192 prompt tokens is a minute of work; every stream
 decoding beside it would stop for that minute.
 
-Why `min_rows`: the engine's `prefill_rows` (models/quant.py). On int4 weights a step of
-fewer than 96 rows runs every row through a kernel that unpacks the codes again for every 4
-rows, so a prompt token there costs about what a decode token does; from 96 rows on, the step
-dequantizes each weight once for a bf16 GEMM, a cost per step (about 100 ms for the embedded
-model on a 2-core VM) that the step's prompt tokens share, each adding about 0.5 ms. The
-speed estimate above charges every token the same, which this cost breaks: paced to 0.3 s,
-sixteen streams' steps carried about 30 prompt tokens, all in the int4 kernel (290 ms a
-step); taken to 96 rows, 80 prompt tokens (440 ms); taken to `prefill_rows`, 384 rows, 368
-prompt tokens (about 600 ms). On that VM the streams' output in
-`benchmarks/online.py --num-requests 32 --concurrency 16` was 43 tok/s paced, 56 to 60 at 96
-rows and 59 to 80 at 384, the machine's speed moving between runs.
+Why `min_rows`: the engine's `Limits.prefill_rows`. Where a step has a cost of its own that
+its rows share (on int4 weights, dequantizing every weight once for a GEMM: models/quant.py),
+the speed estimate above, which charges every token the same, would keep chunks too small
+to share it; so a chunk beside decodes takes the step to `min_rows`. The figures behind
+these choices are in benchmarks/RESULTS.md ("Why the CPU path is shaped as it is").
 """
 
 from __future__ import annotations

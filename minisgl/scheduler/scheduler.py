@@ -29,7 +29,6 @@ from msgspec import UNSET
 
 from minisgl.core import Req
 from minisgl.engine.engine import Engine, StepHandle
-from minisgl.engine.grammar import Grammars
 from minisgl.message import (
     AbortBackendMsg,
     BackendMsg,
@@ -74,7 +73,7 @@ class Scheduler:
         self.limits = Limits.of(engine)  # all the policy knows of the engine
         on_cpu = engine.device.type == "cpu"
         self.pacer = PrefillPacer.configured(self.config, on_cpu, self.limits.prefill_rows)
-        self.grammars = Grammars(engine.model_dir, self.limits.vocab_size)  # matchers
+        self.grammars = engine.grammars  # builds the matchers of constrained requests
         self.policy = Policy(
             self.limits,
             self.config,

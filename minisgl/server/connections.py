@@ -14,6 +14,8 @@ setting takes the class; `guarded(read_timeout, max_connections)` binds the two 
   closed instead. So slow or idle connections can never lock out a client that sends its
   request promptly, and file descriptors stay bounded.
 Idle keep-alive connections are closed by uvicorn's own keep-alive timeout as before.
+The guards use uvicorn's internals (the protocol's `connections`, `conn`, `transport`), so
+pyproject.toml pins uvicorn to the versions tests/unit/test_connections.py ran against.
 
 `quiet_accept_errors(loop)` rate-limits asyncio's "socket.accept() out of system
 resource" reports (one line per 10 s with a count, instead of a traceback per attempt).

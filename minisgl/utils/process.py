@@ -23,8 +23,8 @@ def configure_worker_logging(name: str, level: str) -> None:
 def freeze_startup_objects() -> None:
     """Move every object alive now out of the cyclic collector's reach, once a process has
     built what it serves with. A model, its tokenizer and their imports are some 360,000
-    objects that live until exit; a full collection walks them all (165 ms on a 2-core VM,
-    a stall in the middle of a stream), and the young collections that serving triggers
+    objects that live until exit; a full collection walks them all (a stall of a sizeable
+    part of a second in the middle of a stream: benchmarks/RESULTS.md), and the young collections that serving triggers
     pay for them too. Garbage made afterwards is collected as before."""
     gc.collect()
     gc.freeze()

@@ -22,7 +22,7 @@ Contract:
 
 Why a thread and not torch's own second thread: torch's compute threads spin-wait on each
 other at each of a step's thousands of operators, and when another process takes the second
-core the whole step stalls (measured: 5.5x to 8.4x slower). Here only the big operators of a
+core the whole step stalls (several times slower: benchmarks/RESULTS.md). Here only the big operators of a
 batched step (decoding many requests, or a prefill) are cut in two; the helper sleeps on a
 queue between them and never spins. When the other core is busy the helper's half simply
 runs later, so the worst case is about the one-thread time.
@@ -40,10 +40,8 @@ import torch
 
 from minisgl.utils.process import usable_cores
 
-# A hand-over costs about 100 us on a 2-core VM (the helper's wake-up: measured with a
-# no-op, 104 us), and under a busy neighbour the 3072 x 576 gate/up projection at 16 rows
-# (28M multiply-adds, 380 us) gained nothing. The LM head at 2 rows or more (113M and up:
-# 12.2 -> 6.5 ms at 16 rows) and prefill chunks pay; so from 64M on, about a millisecond.
+# Multiply-adds from which handing half to the helper pays: a hand-over costs about as much
+# as a small projection saves, the LM head and prefill chunks gain (benchmarks/RESULTS.md)
 SPLIT_WORK = 1 << 26
 
 _helper: tuple[int, ThreadPoolExecutor] | None = None  # (pid, its one thread)
@@ -56,8 +54,8 @@ def _helper_thread() -> ThreadPoolExecutor:
 
     It computes on one torch thread: OpenMP's thread count belongs to each thread, and a
     new one starts at every core, so the helper's half ran on a team of its own whose
-    threads then spun beside the caller's (a 2-core VM: batch-1 steps on two torch threads
-    39 ms after the helper had run once, 18 ms before)."""
+    threads then spun beside the caller's (batch-1 steps twice as slow once the helper had
+    run)."""
     global _helper
     with _helper_lock:
         if _helper is None or _helper[0] != os.getpid():
