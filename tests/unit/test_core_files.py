@@ -1,4 +1,5 @@
-"""The lesson's core stays small and knows nothing of the features attached at its seams.
+"""The lesson's core stays small and knows nothing of the features attached at its seams;
+the seams own the wiring and the building.
 
 The files that the chapter's responsibility table ("要找的职责", the chapter's index page)
 sends a reader to hold at most CORE_LINES lines together, and none of them imports the
@@ -10,6 +11,7 @@ matchers). Read statically, with tests/unit/test_layers.py's import scanner.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -57,3 +59,37 @@ def test_the_cited_files_import_nothing_attached_at_a_seam():
         if any(imp.target == a or imp.target.startswith(a + ".") for a in ATTACHED)
     ]
     assert not bad, "\n".join(bad)
+
+
+def _function_lines(path: Path, qualname: str) -> int:
+    """Lines of the function `qualname` ("Class.method" or "function") in `path`."""
+    tree = ast.parse(path.read_text())
+    owner, _, name = qualname.rpartition(".")
+    scope = tree.body
+    if owner:
+        (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner]
+        scope = cls.body
+    (fn,) = [n for n in scope if isinstance(n, ast.FunctionDef) and n.name == name]
+    return fn.end_lineno - fn.lineno + 1
+
+
+def test_the_seams_own_wiring_and_building_stays_small():
+    """create_app only wires; Engine.__init__ only loads, sizes and allocates."""
+    assert _function_lines(ROOT / "minisgl/server/api_server.py", "create_app") <= 60
+    assert _function_lines(ROOT / "minisgl/engine/engine.py", "Engine.__init__") <= 45
+
+
+def test_only_the_step_loop_of_the_scheduler_knows_the_engine_and_the_models():
+    knows = {
+        path.name
+        for path in (ROOT / "minisgl/scheduler").glob("*.py")
+        for imp in imports_of(path)
+        if imp.target_package in ("engine", "models")
+    }
+    assert knows == {"scheduler.py"}
+
+
+def test_production_never_imports_the_fault_injection():
+    assert not (ROOT / "minisgl/engine/faults.py").exists()
+    for path in (ROOT / "minisgl").rglob("*.py"):
+        assert "faults" not in {imp.target.rsplit(".", 1)[-1] for imp in imports_of(path)}, path
