@@ -195,9 +195,6 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
     return respond(request, req, chat_job(request, req, fmt))
 
 
-# --8<-- [end:chat_route]
-
-
 def chat_job(request: Request, req: ChatCompletionRequest, fmt: ChatFormat) -> Job:
     """How a chat request is served, in the wire format `fmt` (chat, or responses)."""
     params = salted(request, req.sampling_params(fmt.tools))
@@ -222,3 +219,6 @@ def chat_job(request: Request, req: ChatCompletionRequest, fmt: ChatFormat) -> J
         )
 
     return Job([make_msg], fmt, params.n, req.logprobs, req.include_usage)
+
+
+# --8<-- [end:chat_route]

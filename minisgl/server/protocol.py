@@ -8,7 +8,7 @@ OpenAI's nullable parameters do. Every accepted parameter that matters reaches
 `SamplingParams` (minisgl/core.py): `sampling_field` turns a rule into the field's
 constraints and schema, `RuleChecked._rules` refuses a value outside it with the message
 `LLM.generate` gives, and the relations between fields are `SamplingParams.validate`'s.
-Each endpoint's own model is in its module (chat.py, completions.py, responses.py).
+Each endpoint's own model is in its module (chat.py, completions.py, responses/).
 """
 
 from __future__ import annotations

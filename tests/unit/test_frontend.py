@@ -405,7 +405,7 @@ async def test_fail_all_ends_every_live_request_promptly_and_refuses_new_ones(fb
     assert len(backend.tokenized()) == n_tokenized and frontend.states == {}
 
 
-async def test_check_stalls_cancels_only_a_send_blocked_past_the_timeout(fb):
+async def test_the_stall_sweeper_cancels_only_a_send_blocked_past_the_timeout(fb):
     frontend, backend = fb
     sweeper = StallSweeper(timeout=5)
     frontend.observe(sweeper)
