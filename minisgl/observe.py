@@ -5,8 +5,9 @@ Contract: each component that serves requests (the API server's `FrontendManager
 tokenizer worker, the scheduler and its engine) holds one `Observers`, to which observers
 are added at start-up (`component.observe(observer)`), and calls its hooks where a
 request's life changes. Each hook does nothing here; an observer overrides the ones it
-needs. A hook never changes the request: the core serves the same with no observer. The
-request is passed as the calling component holds it: a `RequestState` in the API server,
+needs. The core serves the same with no observer; the one observer that acts, the stall
+sweeper, cancels a stalled request's task as a disconnecting client would. The request
+is passed as the calling component holds it: a `RequestState` in the API server,
 a uid in the tokenizer worker, a `Req` in the scheduler (a uid where it refuses one).
 """
 
