@@ -245,7 +245,7 @@ def engine_record(engine) -> dict:
     attention backend, KV pages, CUDA graphs, native decode steps (their kernel's
     name, or None) and tensor-parallel size of an `Engine`."""
     graphs = engine.graph_runner is not None and bool(engine.graph_runner.graphs)
-    native = getattr(engine, "native", None)
+    native = engine.runner.native
     return {"model": engine.model_dir.name, "device": str(engine.device),
             "dtype": str(engine.dtype).removeprefix("torch."),
             "quantization": engine.quantization,

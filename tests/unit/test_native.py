@@ -25,6 +25,7 @@ from __future__ import annotations
 import platform
 import shutil
 
+import common  # benchmarks/common.py
 import pytest
 import torch
 from test_quantization import PROMPTS, _group_quant, gguf_dir  # noqa: F401 (a fixture)
@@ -172,6 +173,10 @@ def test_a_tiny_gguf_decodes_natively_with_the_torch_paths_tokens(gguf_dir, monk
         llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization=q,
                   native_decode=path == "native")  # fmt: skip
         assert (llm.engine.runner.native is not None) == (path == "native")
+        record = common.engine_record(llm.engine)  # what a benchmark's result file says ran
+        assert record["native_decode"] == (
+            llm.engine.runner.native.kernel if path == "native" else None
+        )
         if path == "native":
             calls = _count_native_steps(llm, monkeypatch)
         alone = [llm.generate([p], params)[0] for p in PROMPTS]  # batch-1 decodes only
