@@ -47,6 +47,9 @@ MAX_SEQUENCES = 1024
 MAX_STOP = 4  # stop strings per request, as in OpenAI's API
 MAX_STOP_LEN = 1000  # characters per stop string: what may be held back per choice
 MAX_LOGPROBS = 20  # alternatives per token
+MAX_LOGIT_BIAS = 300  # token ids one request may bias, as in OpenAI's API
+# far more than any model's special tokens; a list a request may send is never unbounded
+MAX_STOP_TOKEN_IDS = 1024
 
 
 # bounds of what the wire format (msgpack, int32 token arrays) and the engine's int64
@@ -109,7 +112,11 @@ class SamplingParams:
         max_length=MAX_STOP_LEN,
     )
     stop_token_ids: list[int] = rule(
-        "tokens that end the output", default_factory=list, ge=0, le=INT32_MAX
+        "tokens that end the output",
+        default_factory=list,
+        ge=0,
+        le=INT32_MAX,
+        max_items=MAX_STOP_TOKEN_IDS,
     )
     presence_penalty: float = rule(
         "subtracted once from tokens already generated", default=0.0, ge=-2.0, le=2.0
@@ -121,7 +128,11 @@ class SamplingParams:
         "divides (or multiplies) logits of seen tokens; 1: off", default=1.0, gt=0.0, le=2.0
     )
     logit_bias: dict[int, float] = rule(
-        "added to the logits of these token ids", default_factory=dict, ge=-100.0, le=100.0
+        "added to the logits of these token ids",
+        default_factory=dict,
+        ge=-100.0,
+        le=100.0,
+        max_items=MAX_LOGIT_BIAS,
     )
     logprobs: int | None = rule(
         "None: none; k: the sampled token's logprob and k alternatives",

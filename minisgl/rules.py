@@ -33,7 +33,7 @@ class Rule:
     gt: float | None = None
     le: float | None = None
     lt: float | None = None
-    max_items: int | None = None  # a list's length
+    max_items: int | None = None  # a list's length, or a dict's
     min_length: int | None = None  # a string's length, or each string's of a list
     max_length: int | None = None
     nullable: bool = False  # None is a value (it means the default behaviour)
@@ -99,6 +99,8 @@ class Rule:
                     return f"{name} items must be in {self.bounds_text()}, got {item!r}"
             return None
         if isinstance(value, dict):
+            if self.max_items is not None and len(value) > self.max_items:
+                return f"{name} takes at most {self.max_items} entries, got {len(value)}"
             for v in value.values():
                 if _number(v) and self.bounded and not self.holds(v):
                     return f"{name} values must be in {self.bounds_text()}, got {v!r}"
@@ -106,7 +108,7 @@ class Rule:
 
     def field_constraints(self, of: str = "value") -> dict[str, Any]:
         """pydantic `Field` keywords for these bounds: of the value itself ("value"), of
-        each item ("item") or of a list's length ("list")."""
+        each item ("item") or of a list's (or dict's) length ("list")."""
         if of == "list":
             return {"max_length": self.max_items} if self.max_items is not None else {}
         bounds = {k: getattr(self, k) for k in ("ge", "gt", "le", "lt")}

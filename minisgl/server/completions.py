@@ -5,8 +5,8 @@ prompt is one request scope (one uid) of the same HTTP request, its `n` choices 
 after the previous prompt's (choice i of prompt p is choice p * n + i). `echo` returns the
 prompt with the output and, with `logprobs: N`, the prompt's tokens with their logprobs
 (the first null) and N alternatives; `max_tokens: 0` then only scores the prompt. A
-request with more prompts than the server serves at once (--max-concurrent-requests) is a
-400: retrying could never admit it. The shapes validate as the `openai` client's
+request whose prompts x n reach the number of requests the server serves at once
+(--max-concurrent-requests) is a 400: it would take every slot, or could never start. The shapes validate as the `openai` client's
 `Completion`.
 """
 
@@ -148,10 +148,11 @@ async def v1_completions(req: CompletionRequest, request: Request):
         return refusal
     params = salted(request, req.sampling_params())
     prompts, limit = req.prompts(), served.frontend.max_concurrent
-    if len(prompts) > limit:  # it could never be admitted: retrying cannot help
+    if len(prompts) * params.n >= limit:  # it would take every slot, or could never start
         message = (
-            f"this request has {len(prompts)} prompts, more than the {limit} requests "
-            "this server serves at once (--max-concurrent-requests); split it"
+            f"this request asks for {len(prompts)} prompts x n={params.n} sequences, as many "
+            f"as the {limit} requests this server serves at once (--max-concurrent-requests) "
+            "or more; split it"
         )
         return refused(request, 400, message, code="too_many_prompts", param="prompt")
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .protocol import ParamError, _Strict
+from .protocol import JsonObject, JsonText, ParamError, _Strict
 
 
 class TextPart(_Strict):
@@ -89,7 +89,7 @@ FunctionName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]  # as Ope
 
 class CalledFunction(_Strict):
     name: FunctionName
-    arguments: str  # JSON text, as the model wrote it
+    arguments: JsonText  # as the model wrote it
 
 
 class AssistantToolCall(_Strict):
@@ -188,7 +188,7 @@ MESSAGE_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 class FunctionDef(_Strict):
     name: FunctionName
     description: str | None = None
-    parameters: dict[str, Any] | None = None  # a JSON schema; omitted: no arguments
+    parameters: JsonObject | None = None  # a JSON schema; omitted: no arguments
     strict: bool | None = None  # forced calls always follow `parameters` either way
 
 

@@ -15,9 +15,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from minisgl.core import INT32_MAX, SAMPLING_RULES, SamplingParams
+from minisgl.utils.nesting import MAX_JSON_DEPTH, text_depth, too_deep, value_depth
 
 # Integer bounds: what the wire format (msgpack, int32 token arrays) and the engine's
 # int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
@@ -44,7 +53,31 @@ def sampling_field(name: str, default: Any = None, **extra: Any) -> Any:
 _STOP = SAMPLING_RULES["stop"]
 StopString = Annotated[str, Field(**_STOP.field_constraints())]
 StopList = Annotated[list[StopString], Field(**_STOP.field_constraints("list"))]
-BiasValue = Annotated[float, Field(**SAMPLING_RULES["logit_bias"].field_constraints())]
+_BIAS = SAMPLING_RULES["logit_bias"]
+BiasValue = Annotated[float, Field(**_BIAS.field_constraints())]
+LogitBias = Annotated[dict[str, BiasValue], Field(**_BIAS.field_constraints("list"))]
+StopTokenIds = Annotated[
+    list[TokenId], Field(**SAMPLING_RULES["stop_token_ids"].field_constraints("list"))
+]
+
+
+def _shallow(value: Any) -> Any:
+    if (depth := value_depth(value)) > MAX_JSON_DEPTH:
+        raise ValueError(too_deep("this JSON value", depth))
+    return value
+
+
+def _shallow_text(text: str) -> str:
+    if (depth := text_depth(text)) > MAX_JSON_DEPTH:
+        raise ValueError(too_deep("this JSON text", depth))
+    return text
+
+
+# a JSON schema (response_format, a tool's parameters) or the JSON text of a tool call's
+# arguments: the code that reads them further recurses once per level (utils/nesting.py)
+JsonObject = Annotated[dict[str, Any], AfterValidator(_shallow)]
+JsonValue = Annotated[Any, AfterValidator(_shallow)]
+JsonText = Annotated[str, AfterValidator(_shallow_text)]
 
 
 class ParamError(ValueError):
@@ -121,13 +154,13 @@ class _SamplingFields(_Strict, RuleChecked):
     # --8<-- [end:sampling_fields]
     presence_penalty: float = sampling_field("presence_penalty", 0.0)
     frequency_penalty: float = sampling_field("frequency_penalty", 0.0)
-    logit_bias: dict[str, BiasValue] | None = None
+    logit_bias: LogitBias | None = None
     user: str | None = None  # an end-user id: logged with the request, changes no output
     # extensions
     top_k: int = sampling_field("top_k", -1)
     min_tokens: int = sampling_field("min_tokens", 0)
     ignore_eos: bool = False
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: StopTokenIds | None = None
     repetition_penalty: float = sampling_field("repetition_penalty", 1.0)
     # vLLM's: requests share cached prefix pages only when their salts are equal
     cache_salt: str | None = sampling_field("cache_salt")

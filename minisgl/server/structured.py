@@ -11,13 +11,13 @@ followed token by token (the scheduler's matchers).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from minisgl.utils.jsonschema import closed_schema
 
-from .protocol import ParamError, _Strict
+from .protocol import JsonObject, ParamError, _Strict
 
 
 class JsonSchemaFormat(_Strict):
@@ -25,7 +25,7 @@ class JsonSchemaFormat(_Strict):
 
     name: str = Field(min_length=1, max_length=64)
     description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    schema_: JsonObject = Field(default_factory=dict, alias="schema")
     strict: bool | None = None  # the output always follows the schema either way
 
 

@@ -1,9 +1,9 @@
 """Admission control on the real server (tiny Llama, 32k context, at most two requests at
 once): a request past --max-concurrent-requests gets 503 with Retry-After at once instead
 of waiting in a queue, for streams and non-streams alike; the server stays healthy, a
-freed slot is served again, and /debug/lifecycle ends at zero. A request that alone holds
-more prompts than the limit could never be admitted: it is a 400 naming `prompt`, not a
-503 to retry."""
+freed slot is served again, and /debug/lifecycle ends at zero. A request whose prompts x n
+reach the limit would take every slot (or could never be admitted): it is a 400 naming
+`prompt`, not a 503 to retry."""
 
 from __future__ import annotations
 
@@ -71,7 +71,8 @@ async def test_requests_past_the_concurrency_limit_get_503_with_retry_after_at_o
 
 
 def test_a_request_that_could_never_fit_is_a_400_not_a_retry(server):
-    """Three prompts where two requests run at once: no retry would ever be admitted."""
+    """Where two requests run at once: three prompts could never be admitted, two would
+    take every slot."""
     url = server.base_url + "/v1/completions"
     body = {"model": server.model_name, "prompt": ["a", "b", "c"], "max_tokens": 2}
     for stream in (False, True):
@@ -83,7 +84,13 @@ def test_a_request_that_could_never_fit_is_a_400_not_a_retry(server):
     # prompts x n past the cap on one request's sequences
     r = httpx.post(url, json={**body, "prompt": ["a"] * 65, "n": 16}, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
-    # two prompts fit: served
-    r = httpx.post(url, json={**body, "prompt": ["a", "b"]}, timeout=30)
-    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    # as many sequences as the limit would take every slot from every other client:
+    # two prompts, or one prompt with n=2
+    for extra in ({"prompt": ["a", "b"]}, {"prompt": ["a"], "n": 2}):
+        r = httpx.post(url, json={**body, **extra}, timeout=30)
+        assert r.status_code == 400, r.text
+        assert assert_error_body(r.json(), "too_many_prompts")["param"] == "prompt"
+    # one sequence fewer than the limit: served
+    r = httpx.post(url, json={**body, "prompt": ["a"]}, timeout=30)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1
     server.wait_zero(2.0)

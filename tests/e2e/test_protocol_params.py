@@ -454,6 +454,27 @@ def test_logit_bias_outside_the_vocabulary_or_range_is_a_400(server, client, bia
     assert_bad_param(info.value, "logit_bias")
 
 
+@pytest.mark.parametrize(
+    ("param", "value"),
+    [("logit_bias", {str(i): 1 for i in range(301)}), ("stop_token_ids", [7] * 1025)],
+    ids=["logit_bias-301", "stop_token_ids-1025"],
+)
+def test_a_list_parameter_past_its_count_is_a_400_naming_it(server, client, param, value):
+    """Each list a request carries is bounded (logit_bias as OpenAI's, 300 entries), so
+    its cost is too; one entry fewer is served."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(
+            **_params(server, "completions", max_tokens=3), extra_body={param: value}
+        )
+    assert_bad_param(info.value, param)
+    assert "at most" in info.value.response.json()["error"]["message"]
+    fewer = dict(list(value.items())[:-1]) if isinstance(value, dict) else value[:-1]
+    out = client.completions.create(
+        **_params(server, "completions", max_tokens=3), extra_body={param: fewer}
+    )
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
 # ---------------------------------------------------------------- unsupported parameters
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 UNSUPPORTED = [

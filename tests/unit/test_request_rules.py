@@ -41,6 +41,8 @@ BAD = [
     ("stop", [""]),
     ("stop", ["x" * 1001]),
     ("stop_token_ids", [-1]),
+    ("stop_token_ids", [0] * 1025),  # a list a request sends is never unbounded
+    ("logit_bias", {i: 1.0 for i in range(301)}),  # OpenAI's cap: 300 entries
     ("cache_salt", ""),
     ("cache_salt", "s" * 257),
 ]

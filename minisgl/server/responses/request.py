@@ -30,7 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ..chat import ChatCompletionRequest
 from ..conversation import FunctionName
-from ..protocol import Count, ParamError, RuleChecked, sampling_field
+from ..protocol import (
+    Count,
+    JsonObject,
+    JsonText,
+    JsonValue,
+    ParamError,
+    RuleChecked,
+    sampling_field,
+)
 
 STATELESS = (
     "this server keeps no responses (store is ignored): send the whole conversation in "
@@ -75,7 +83,7 @@ class _FunctionCallItem(_Strict):
     type: Literal["function_call"]
     call_id: str
     name: FunctionName
-    arguments: str
+    arguments: JsonText
     id: str | None = None
     status: str | None = None
     namespace: str | None = None
@@ -83,7 +91,7 @@ class _FunctionCallItem(_Strict):
     async_: bool | None = Field(default=None, alias="async")
     # the official client's parsed form of `arguments` (ParsedResponseFunctionToolCall),
     # sent back when a program appends the items of a streamed response to its input
-    parsed_arguments: Any = None
+    parsed_arguments: JsonValue = None
 
 
 class _FunctionCallOutputItem(_Strict):
@@ -196,12 +204,12 @@ def chat_messages(instructions: str | None, items: str | list[Any]) -> list[dict
 class FunctionTool(_Strict):
     type: Literal["function"]
     name: FunctionName
-    parameters: dict[str, Any] | None = None
+    parameters: JsonObject | None = None
     strict: bool | None = None
     description: str | None = None
     defer_loading: bool | None = None
     allowed_callers: list[Literal["direct", "programmatic"]] | None = None
-    output_schema: dict[str, Any] | None = None
+    output_schema: JsonObject | None = None
 
     def as_chat(self) -> dict[str, Any]:
         function = {"name": self.name, "description": self.description}
@@ -225,7 +233,7 @@ class ToolChoiceFunction(_Strict):
 class TextFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(default=None, min_length=1, max_length=64)
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    schema_: JsonObject | None = Field(default=None, alias="schema")
     description: str | None = None
     strict: bool | None = None
 
