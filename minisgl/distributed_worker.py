@@ -109,13 +109,6 @@ def rank_worker(args, model_dir, rank: int, ready, heartbeat=None) -> None:
         scheduler = _join(config, args.scheduler_config, rank, args.dist_init_method)
         return Serving(functools.partial(_follow, scheduler), {"rank": rank})
 
-    # a rank blocked in a collective notices nothing: a watchdog thread exits with the parent
-    run_worker(
-        f"rank-{rank}",
-        f"rank {rank}",
-        args.log_level,
-        build,
-        ready,
-        heartbeat,
-        exit_with_parent=True,
-    )
+    # a rank blocked in a collective notices nothing: the harness's watchdog thread exits
+    # with the parent
+    run_worker(f"rank-{rank}", f"rank {rank}", args.log_level, build, ready, heartbeat)

@@ -72,7 +72,10 @@ def scheduler_worker(args, model_dir, channels, ready: Connection, heartbeat=Non
         }
         return Serving(functools.partial(_serve, scheduler, io, config.dist_timeout), info)
 
-    run_worker("scheduler", "scheduler", args.log_level, build, ready, heartbeat)
+    run_worker(
+        "scheduler", "scheduler", args.log_level, build, ready, heartbeat,
+        on_orphaned=channels.remove,  # the launcher died: nobody else removes it
+    )  # fmt: skip
 
 
 def _serve(scheduler, io, dist_timeout: float) -> None:
@@ -146,4 +149,7 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
 
         return Serving(serve)
 
-    run_worker("tokenizer", "tokenizer worker", args.log_level, build, ready, heartbeat)
+    run_worker(
+        "tokenizer", "tokenizer worker", args.log_level, build, ready, heartbeat,
+        on_orphaned=channels.remove,
+    )  # fmt: skip

@@ -12,8 +12,10 @@ and the serve loop runs.
 
 `parent` (a `ParentWatch`) is how a worker notices that its launcher is gone (even killed by
 SIGKILL: the worker is then re-parented). A loop that wakes up regularly asks
-`parent.alive()` and returns; a process that may block where no loop runs (a rank waiting in
-a collective) is made to exit by a watchdog thread instead (`exit_with_parent=True`).
+`parent.alive()` and returns when idle; whatever the worker is doing (a long step of
+requests nobody will read, a rank blocked in a collective), a watchdog thread ends it
+within WATCH_S of the launcher's death, after `on_orphaned` (the server's workers remove
+the IPC directory the launcher can no longer remove).
 """
 
 from __future__ import annotations
@@ -45,15 +47,21 @@ class ParentWatch:
         """False once the launcher died (even by SIGKILL): this process was re-parented."""
         return os.getppid() == self.pid
 
-    def exit_with_parent(self) -> None:
+    def exit_with_parent(self, on_orphaned: Callable[[], None] | None = None) -> None:
         """From a daemon thread: exit (status 1) within WATCH_S of the parent's death, even
-        while the main thread is blocked where it notices nothing."""
+        while the main thread is busy or blocked where it notices nothing; `on_orphaned`
+        runs first."""
 
         def watch() -> None:
             while True:
                 time.sleep(WATCH_S)
                 if not self.alive():
-                    os._exit(1)
+                    logger.warning("the launcher is gone: exiting")
+                    try:
+                        if on_orphaned is not None:
+                            on_orphaned()
+                    finally:
+                        os._exit(1)
 
         threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
@@ -74,15 +82,14 @@ def run_worker(
     ready: Connection,
     heartbeat=None,
     *,
-    exit_with_parent: bool = False,
+    on_orphaned: Callable[[], None] | None = None,
 ) -> None:
     """Run one worker process: `name` tags its log lines, `role` names it in the start-up
     error ("scheduler", "tokenizer worker", "rank 1")."""
     configure_worker_logging(name, log_level)
     start_beating(heartbeat)
     parent = ParentWatch()
-    if exit_with_parent:
-        parent.exit_with_parent()
+    parent.exit_with_parent(on_orphaned)
     try:
         serving = build(parent)
     except Exception as exc:

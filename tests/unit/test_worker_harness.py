@@ -2,7 +2,8 @@
 that fails reaches the launcher as ("error", "<role> failed to start: <reason>") and the
 process exits 1; a build that succeeds says ("ready", info) and then its serve loop runs,
 with the heartbeat beating, on what the build made frozen out of the garbage collector's
-walks; a worker whose launcher is killed exits by itself. Each in a real spawned process,
+walks; a worker whose launcher is killed cleans up (`on_orphaned`) and exits by itself,
+whatever its loop is doing. Each in a real spawned process,
 as the launcher starts them."""
 
 from __future__ import annotations
@@ -89,16 +90,18 @@ def test_the_serve_loop_starts_with_what_the_build_made_frozen_out_of_the_collec
     assert seen.value > 1000  # the build's objects and its imports: no full walk meets them
 
 
-def _blocked_forever(ready) -> None:
+def _blocked_forever(ready, left_behind: str) -> None:
     def build(parent: ParentWatch) -> Serving:
         return Serving(lambda: time.sleep(3600))  # like a rank blocked in a collective
 
-    run_worker("rank-1", "rank 1", "warning", build, ready, exit_with_parent=True)
+    run_worker(
+        "rank-1", "rank 1", "warning", build, ready, on_orphaned=lambda: os.rmdir(left_behind)
+    )
 
 
-def _launcher(pids) -> None:
+def _launcher(pids, left_behind: str) -> None:
     recv, send = CTX.Pipe(duplex=False)
-    worker = CTX.Process(target=_blocked_forever, args=(send,))
+    worker = CTX.Process(target=_blocked_forever, args=(send, left_behind))
     worker.start()
     assert recv.recv()[0] == "ready"
     pids.put(worker.pid)
@@ -113,9 +116,11 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_a_worker_whose_launcher_is_killed_exits_by_itself():
+def test_a_worker_whose_launcher_is_killed_cleans_up_and_exits_by_itself(tmp_path):
+    left_behind = tmp_path / "ipc"  # what the launcher would have removed
+    left_behind.mkdir()
     pids = CTX.Queue()
-    launcher = CTX.Process(target=_launcher, args=(pids,))  # it has a child: not a daemon
+    launcher = CTX.Process(target=_launcher, args=(pids, str(left_behind)))  # not a daemon
     launcher.start()
     try:
         pid = pids.get(timeout=60)
@@ -130,3 +135,4 @@ def test_a_worker_whose_launcher_is_killed_exits_by_itself():
     finally:
         if not _gone(pid):
             os.kill(pid, signal.SIGKILL)
+    assert not left_behind.exists()  # `on_orphaned` ran before the exit
