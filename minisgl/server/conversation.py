@@ -20,7 +20,8 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, PlainValidator, model_validator
 from pydantic_core import PydanticCustomError
 
-from .protocol import JsonObject, JsonText, ParamError, _Strict
+from .bounded import JsonObject, JsonText
+from .protocol import ParamError, _Strict
 
 
 class TextPart(_Strict):

@@ -15,18 +15,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from minisgl.core import INT32_MAX, SAMPLING_RULES, SamplingParams
-from minisgl.utils.nesting import MAX_JSON_DEPTH, text_depth, too_deep, value_depth
 
 # Integer bounds: what the wire format (msgpack, int32 token arrays) and the engine's
 # int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
@@ -59,25 +50,6 @@ LogitBias = Annotated[dict[str, BiasValue], Field(**_BIAS.field_constraints("lis
 StopTokenIds = Annotated[
     list[TokenId], Field(**SAMPLING_RULES["stop_token_ids"].field_constraints("list"))
 ]
-
-
-def _shallow(value: Any) -> Any:
-    if (depth := value_depth(value)) > MAX_JSON_DEPTH:
-        raise ValueError(too_deep("this JSON value", depth))
-    return value
-
-
-def _shallow_text(text: str) -> str:
-    if (depth := text_depth(text)) > MAX_JSON_DEPTH:
-        raise ValueError(too_deep("this JSON text", depth))
-    return text
-
-
-# a JSON schema (response_format, a tool's parameters) or the JSON text of a tool call's
-# arguments: the code that reads them further recurses once per level (utils/nesting.py)
-JsonObject = Annotated[dict[str, Any], AfterValidator(_shallow)]
-JsonValue = Annotated[Any, AfterValidator(_shallow)]
-JsonText = Annotated[str, AfterValidator(_shallow_text)]
 
 
 class ParamError(ValueError):

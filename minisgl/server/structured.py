@@ -17,7 +17,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from minisgl.utils.jsonschema import closed_schema
 
-from .protocol import JsonObject, ParamError, _Strict
+from .bounded import JsonObject
+from .protocol import ParamError, _Strict
 
 
 class JsonSchemaFormat(_Strict):

@@ -28,17 +28,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ..bounded import JsonObject, JsonText, JsonValue
 from ..chat import ChatCompletionRequest
 from ..conversation import FunctionName
-from ..protocol import (
-    Count,
-    JsonObject,
-    JsonText,
-    JsonValue,
-    ParamError,
-    RuleChecked,
-    sampling_field,
-)
+from ..protocol import Count, ParamError, RuleChecked, sampling_field
 
 STATELESS = (
     "this server keeps no responses (store is ignored): send the whole conversation in "
