@@ -15,7 +15,11 @@ itself once every choice of the request has finished.
 
 Why text is held back:
 - one character can span several byte-level tokens (Chinese, emoji). Decoding a prefix of
-  those tokens yields U+FFFD, so new text that ends in U+FFFD waits for the next token.
+  those tokens yields U+FFFD, so new text that ends in U+FFFD waits for the next token, but
+  only while it can still become a character: held bytes that are not the start of one (a
+  byte no UTF-8 character has there, or no tail left to complete) go out at once as U+FFFD,
+  so at most the 3 bytes of an unfinished character plus the token that broke it are held
+  and each step stays linear however long a model emits bytes that never complete.
   Decoding only from a recent offset keeps each step O(new tokens), and decoding a few
   tokens before the offset keeps tokenizers that merge spaces across token boundaries
   (SentencePiece-style) correct.
@@ -28,6 +32,7 @@ character never completed).
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -161,7 +166,7 @@ class DetokenizeManager:
         for (i, state, choice, msg), old, new in zip(live, before, after, strict=True):
             delta = new[len(old) :]
             last = msg.finish_reason is not None
-            if delta and not delta.endswith(_REPLACEMENT):
+            if delta and (not delta.endswith(_REPLACEMENT) or not self._may_complete(choice)):
                 choice.prefix_offset, choice.read_offset = choice.read_offset, len(choice.ids)
             elif last:
                 delta = delta.rstrip(_REPLACEMENT)  # bytes that never completed a character
@@ -192,6 +197,14 @@ class DetokenizeManager:
             choice.sent += len(text)
             if state.done:
                 self.remove(msg.uid)
+
+    def _may_complete(self, choice: ChoiceState) -> bool:
+        """Whether the bytes of the tokens not yet turned into text are characters so far
+        and then the start of one more, which the next tokens may complete."""
+        held = b"".join(token_bytes(self.tokenizer, choice.ids[choice.read_offset :]))
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        decided = decoder.decode(held, final=False)
+        return _REPLACEMENT not in decided and bool(decoder.getstate()[0])
 
     # ------------------------------------------------------------------ logprobs
     def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:

@@ -134,3 +134,25 @@ def test_a_stop_string_ends_its_choice_alone_and_is_reported_for_the_scheduler(t
     assert "".join(r.incremental_output for r in replies[len(zero) :]) == texts[1]
     assert replies[-1].finished and replies[-1].finish_reason == "length"
     assert detok.decode_map == {}
+
+
+def test_bytes_that_can_never_complete_go_out_as_replacement_characters_at_once(tokenizer):
+    """A model biased onto a lone 0xF0 byte: each such byte starts a 4-byte character the
+    next one breaks, so no more than one is ever held, the output is U+FFFD per byte and not
+    empty text for thousands of tokens, and each step decodes only the few held tokens."""
+    lone = tokenizer.convert_tokens_to_ids("ð")  # byte-level BPE's symbol for byte 0xF0
+    assert tokenizer.decode([lone]) == "\ufffd"
+    detok = DetokenizeManager(tokenizer)
+    detok.add(9)
+    text, quiet = "", 0
+    for i in range(2000):
+        (reply,), _ = detok.feed([DetokenizeMsg(9, lone)])
+        text += reply.incremental_output
+        quiet = 0 if reply.incremental_output else quiet + 1
+        assert quiet <= 1, i  # held one step at most: the next byte breaks it
+        choice = detok.decode_map[9].choices[0]
+        assert len(choice.ids) - choice.prefix_offset <= 4  # the decode window stays small
+    a = tokenizer.encode("a", add_special_tokens=False)
+    (reply,), _ = detok.feed([DetokenizeMsg(9, a[0], "length")])
+    text += reply.incremental_output
+    assert text == "\ufffd" * 2000 + "a"
