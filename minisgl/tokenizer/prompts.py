@@ -4,11 +4,15 @@ own when large, and never at all when the text cannot fit the context.
 Contract: `Prompts(tokenizer, max_seq_len, escape_special)`; `tokenize(msg)` is the prompt's
 token ids, an `ErrorInfo` (the prompt cannot be tokenized, or holds more bytes of text than
 `max_seq_len` of the model's longest tokens could: refused untokenized), or None: a prompt
-of more than TOKENIZE_INLINE_BYTES of text is tokenized on the prompt thread (the
-tokenizer releases the GIL), and `ready()` returns it, as (msg, ids or error), in the order
-the prompts came, once done; a pipe (`fds()`) wakes the process loop then. `cancel(uid)`
-forgets a prompt still on the thread (its tokens are dropped when they come); `len()` is
-how many are there. A prompt given as token ids is taken as it is.
+whose template input costs more than TOKENIZE_INLINE_BYTES is rendered and tokenized on the
+prompt thread, and `ready()` returns it, as (msg, ids or error), in the order the prompts
+came, once done; a pipe (`fds()`) wakes the process loop then. Every byte that reaches the
+chat template counts, not only the messages' contents: tool calls' arguments, tool
+definitions (descriptions, parameters), names; and each message costs MESSAGE_BYTES more,
+since the template renders each one (118,181 empty messages are seconds of rendering).
+`cancel(uid)` forgets a prompt sent to the thread: one not started there never runs, and
+the tokens of one under way are dropped when they come; `len()` is how many are there. A
+prompt given as token ids is taken as it is.
 """
 
 from __future__ import annotations
@@ -23,8 +27,11 @@ from .tokenize import ToolsUnsupported, build_prompt_ids, longest_token_bytes
 
 logger = logging.getLogger(__name__)
 
-# prompts of more text than this are tokenized on a thread of their own
+# prompts whose template input costs more than this are tokenized on a thread of their own
 TOKENIZE_INLINE_BYTES = 32 << 10
+# what rendering one message costs beyond its text, in bytes of text (the template's own
+# markup per message, about that many bytes for the usual templates)
+MESSAGE_BYTES = 32
 
 
 class Prompts:
@@ -56,7 +63,8 @@ class Prompts:
         size = _text_bytes(msg)
         if self.max_prompt_bytes is not None and size > self.max_prompt_bytes:
             return self._too_long(size)
-        if size > TOKENIZE_INLINE_BYTES:  # seconds of work for a few MB: not on the loop
+        cost = size + MESSAGE_BYTES * len(msg.messages or ())
+        if cost > TOKENIZE_INLINE_BYTES:  # seconds of work for a few MB: not on the loop
             self._tokenize_later(msg)
             return None
         try:
@@ -84,7 +92,11 @@ class Prompts:
         return done
 
     def cancel(self, uid: int) -> bool:
-        return self.waiting.pop(uid, None) is not None
+        waiting = self.waiting.pop(uid, None)
+        if waiting is None:
+            return False
+        waiting[1].cancel()  # not started: it never runs (under way: its tokens are dropped)
+        return True
 
     def _build(self, msg: TokenizeMsg) -> list[int]:
         prompt = msg.messages if msg.messages is not None else msg.text or ""
@@ -118,18 +130,22 @@ class Prompts:
 
 
 def _text_bytes(msg: TokenizeMsg) -> int:
-    """Bytes of text the prompt holds, at least (its messages' contents; tool calls and the
-    template's own text not counted): what bounds how few tokens it can become."""
+    """Bytes of text that reach the chat template, at least: every string value of the
+    messages (contents, names, tool calls' names and arguments) and of the tool
+    definitions, whose keys a template writes out too (as JSON): what bounds how few tokens
+    the prompt can become, and what rendering it costs."""
     if msg.messages is None:
         return len((msg.text or "").encode())
-    size = 0
-    for m in msg.messages:
-        content = m.get("content")
-        parts = content if isinstance(content, list) else [content]
-        for part in parts:
-            text = part.get("text") if isinstance(part, dict) else part
-            if isinstance(text, str):
-                size += len(text.encode())
+    size, stack = 0, [(msg.messages, False), (msg.tools or [], True)]
+    while stack:  # no recursion: the values are as deep as a request made them
+        value, keys = stack.pop()
+        if isinstance(value, str):
+            size += len(value.encode())
+        elif isinstance(value, dict):
+            stack.extend((k, keys) for k in value if keys)
+            stack.extend((v, keys) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, keys) for v in value)
     return size
 
 

@@ -540,6 +540,70 @@ def test_an_abort_while_a_large_prompt_is_tokenized_leaves_nothing(tokenizer) ->
     assert worker.state()["tokenizing"] == 0
 
 
+def _tool_heavy(field: str) -> dict:
+    """A chat whose bulk is outside the messages' contents (finding 2 of the round-4
+    adversarial review): each field alone is more than the inline budget."""
+    big = "describe " * 20_000  # 180 KB
+    tool = {"type": "function", "function": {"name": "f", "description": "", "parameters": {}}}
+    messages: list = [{"role": "user", "content": "hi"}]
+    tools = None
+    if field == "tool_description":
+        tool["function"]["description"] = big
+        tools = [tool]
+    elif field == "arguments":
+        call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": big}}
+        messages += [{"role": "assistant", "content": "", "tool_calls": [call]}]
+    else:  # many empty messages: nothing in any content, seconds of rendering
+        messages += [{"role": "user", "content": ""}] * 5_000
+    return {"messages": messages, "tools": tools}
+
+
+@pytest.mark.parametrize("field", ["tool_description", "arguments", "messages"])
+def test_bulk_outside_the_contents_is_rendered_off_the_loop(tokenizer, field) -> None:
+    worker, rec = _worker(tokenizer)
+    worker.handle([TokenizeMsg(1, _params(), **_tool_heavy(field))])
+    assert rec.backend == [] and worker.state()["tokenizing"] == 1  # on the prompt thread
+    _settle(worker, rec)
+    # tokenized there (or refused by the template: the tiny one has no tools), not lost
+    sent = [m.uid for m in rec.backend if isinstance(m, UserMsg)]
+    assert sent == [1] or [r.uid for r in rec.frontend if r.error is not None] == [1]
+
+
+def test_bytes_outside_the_contents_count_toward_the_context(tokenizer) -> None:
+    from minisgl.tokenizer.tokenize import longest_token_bytes
+
+    rec = Recorder()
+    prepare = Preparation(tokenizer, max_seq_len=64)
+    worker = TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend, prepare)
+    text = "a" * (64 * longest_token_bytes(tokenizer) + 1)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": text}}
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]}]
+    worker.handle([TokenizeMsg(1, _params(), messages=messages)])
+    (reply,) = rec.frontend
+    assert reply.error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED  # refused untokenized
+    assert rec.backend == [] and worker.state()["tokenizing"] == 0
+
+
+def test_prompts_aborted_while_queued_for_the_thread_are_never_tokenized(tokenizer) -> None:
+    """300 large prompts abandoned at once: none that had not started is tokenized after
+    its abort, so the next real prompt does not wait behind them."""
+    worker, rec = _worker(tokenizer)
+    prompts = worker.prepare.prompts
+    built: list[int] = []
+    build = prompts._build
+    prompts._build = lambda msg: (built.append(msg.uid), build(msg))[1]
+    large = "The capital of Italy is Rome. " * 4000
+    worker.handle([TokenizeMsg(uid, _params(), text=large) for uid in range(300)])
+    worker.handle([AbortMsg(uid) for uid in range(300)])
+    worker.handle([TokenizeMsg(300, _params(), text=large)])
+    _settle(worker, rec)
+    # at most the one or two done or under way by the time the aborts came were built
+    assert len(built) <= 3 and built[-1] == 300
+    sent = [m.uid for m in rec.backend if isinstance(m, UserMsg)]
+    assert sent[-1] == 300 and len(sent) <= 3
+    assert set(_states(worker)) == {300}
+
+
 def test_a_constraint_times_its_choices_is_charged_against_a_budget(tokenizer) -> None:
     import json
 
