@@ -40,7 +40,8 @@ from minisgl.observe import Observers, Outcome, RequestObserver
 
 from .buffer import Output, ReplyBuffer
 from .errors import RequestFailed, error_code
-from .middleware import request_id_var
+from .middleware import client_var, request_id_var
+from .shares import FairShares
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class FrontendManager:
         self.max_response_bytes = max_response_bytes  # a non-streamed answer, collected
         self.report_cached_tokens = report_cached_tokens  # usage.prompt_tokens_details
         self.max_concurrent = max_concurrent
+        self.shares = FairShares(max_concurrent)
         # why a worker process cannot serve now (the supervisor's heartbeats), or None
         self.worker_fault = worker_fault or (lambda: None)
         self.observer = Observers()
@@ -108,7 +110,12 @@ class FrontendManager:
         if event is not None:
             state.event = event
         self.states[state.uid] = state
+        self.shares.take(state.uid, client_var.get())
         return state
+
+    def forget(self, uid: int) -> None:
+        del self.states[uid]
+        self.shares.give_back(uid)
 
     def refusal(self) -> ErrorInfo | None:
         """Why no request can be served now, whatever the load: a dead worker (`fail_all`),
@@ -123,12 +130,9 @@ class FrontendManager:
         """Raise RequestFailed unless a new request may start now."""
         if (refused := self.refusal()) is not None:
             raise RequestFailed(refused)
-        if len(self.states) >= self.max_concurrent:
-            message = (
-                f"the server is at its limit of {self.max_concurrent} requests in flight; "
-                "retry shortly"
-            )
-            raise RequestFailed(ErrorInfo(ErrorKind.OVERLOADED, message))
+        # at most max_concurrent in flight, shared fairly between clients (shares.py)
+        if (refused := self.shares.refusal(client_var.get())) is not None:
+            raise RequestFailed(refused)
 
     def send_one(self, msg: TokenizerMsg) -> None:
         self._send([msg])
@@ -152,7 +156,7 @@ class FrontendManager:
         try:
             self.send_one(make_msg(state.uid))
         except BaseException as exc:  # nothing reached the workers: nothing to abort
-            del self.states[state.uid]
+            self.forget(state.uid)
             if isinstance(exc, (msgspec.EncodeError, OverflowError, UnicodeEncodeError)):
                 message = f"the request cannot be encoded: {exc}"  # e.g. a lone surrogate
                 raise RequestFailed(ErrorInfo(ErrorKind.UNENCODABLE_REQUEST, message)) from exc
@@ -161,7 +165,7 @@ class FrontendManager:
         try:
             yield state
         finally:
-            del self.states[state.uid]
+            self.forget(state.uid)
             outcome, code = state.outcome()
             self.observer.ended(state, outcome, code=code)
             if not state.terminal:  # left early: the workers must drop this uid too

@@ -10,7 +10,8 @@
   own requests), compared in constant time; otherwise 401. Other routes (/health,
   /metrics, /debug/lifecycle: counts only) stay open. Several keys (`--api-key A,B`) are
   several tenants: while a request is served, `tenant_var` holds a digest of the key it
-  came with, which --cache-salt-per-key mixes into its prefix cache salt.
+  came with, which --cache-salt-per-key mixes into its prefix cache salt. `client_var` is
+  who sent it (that digest, else its address): the unit the slots are shared by.
 - `BodyLimitMiddleware`: a request body over the limit is answered 413 before any route
   reads it, whether it declares a Content-Length or streams chunks.
 All error answers use the OpenAI error body, and are counted through `on_reject(code)`.
@@ -39,6 +40,9 @@ arrival_var: contextvars.ContextVar[tuple[float, str] | None] = contextvars.Cont
 )
 # a digest of the API key the request came with (None: no key); never the key itself
 tenant_var: contextvars.ContextVar[str | None] = contextvars.ContextVar("tenant", default=None)
+# who sent the request, for sharing the slots fairly (shares.py): its key's digest under
+# --api-key, else its address
+client_var: contextvars.ContextVar[str] = contextvars.ContextVar("client", default="-")
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -60,6 +64,8 @@ class RequestIdMiddleware:
         request_id = given if _VALID_ID.match(given) else uuid.uuid4().hex
         token = request_id_var.set(request_id)
         arrival = arrival_var.set((time.monotonic(), scope["path"]))
+        peer = scope.get("client") or ("-", 0)
+        client = client_var.set(f"address {peer[0]}")
 
         async def send_with_id(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
@@ -73,6 +79,7 @@ class RequestIdMiddleware:
         finally:
             request_id_var.reset(token)
             arrival_var.reset(arrival)
+            client_var.reset(client)
 
 
 def _no_count(code: str) -> None:
@@ -124,10 +131,13 @@ class ApiKeyMiddleware:
             return await response(scope, receive, send)
         tenant = hashlib.sha256(key).hexdigest()[:16] if key is not None else None
         token = tenant_var.set(tenant)
+        client = client_var.set(f"key {tenant}") if tenant is not None else None
         try:
             await self.app(scope, receive, send)
         finally:
             tenant_var.reset(token)
+            if client is not None:
+                client_var.reset(client)
 
 
 class BodyTooLarge(HTTPException):
