@@ -32,12 +32,12 @@ class SchedulerConfig:
         name="--disable-overlap-schedule",
         negate=True,
     )
-    # pacing.py: on a CPU a step of max_prefill_tokens is a minute, and every stream would
-    # stop for it
+    # pacing.py: on a CPU a step of max_prefill_tokens is a minute, and every stream (and
+    # every newcomer) would wait for it
     prefill_step_seconds: float | None = option(
         None,
-        "while sequences decode, size prefill chunks so one step takes about this long "
-        "(default: 0.3 on a CPU, off on CUDA; 0: off)",
+        "size prefill chunks so one step takes about this long (three times it with nobody "
+        "decoding and one prompt waiting; default: 0.3 on a CPU, off on CUDA; 0: off)",
         ge=0,
     )
     # "radix": requests that share a prefix share its KV pages (computed once, kept after

@@ -45,6 +45,7 @@ from .config import SchedulerConfig
 from .constrained import Constrained
 from .decode import DecodeManager
 from .limits import Limits
+from .pacing import ChunkBudget
 from .prefill import PrefillManager
 from .table import TableManager
 
@@ -79,12 +80,13 @@ class Policy:
         config: SchedulerConfig,
         observer: RequestObserver,
         seeds: random.Random,
-        budget: Callable[[int], int],
+        budget: Callable[[list[Req], int], ChunkBudget],
         matchers: Any = None,
     ) -> None:
         """`limits`: what the engine can hold; `seeds` draws the seed of a request that
-        brings none; `budget(decodes)` is the prefill token budget of a step beside that
-        many decodes (the step loop's pacer); `matchers` builds, copies and advances the
+        brings none; `budget(decodes, waiting)` is the prompt work a step may do beside
+        those decoding sequences with that many waiting (the step loop's pacer: pacing.py);
+        `matchers` builds, copies and advances the
         grammar matchers of constrained requests (engine/grammar.py's `Grammars`)."""
         self.observer = observer  # the scheduler's observers (minisgl/observe.py)
         self.limits = limits
@@ -255,7 +257,7 @@ class Policy:
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
         prefill = self.prefill_manager.schedule_next(
-            self._budget(len(decode)),
+            self._budget(decode, len(self.prefill_manager)),
             self.table_manager,
             self.cache_manager,
             keep_free=len(decode),

@@ -1,13 +1,16 @@
 """PrefillManager: requests whose tokens are not all in the KV cache yet.
 
-Contract: holds admitted-but-not-running sequences in arrival order: new ones, the one whose
-prompt is being prefilled chunk by chunk, and preempted or freshly forked ones (put back at
-the front).
-`schedule_next(budget, ...)` picks, in order, as many as fit under the token budget, the free
-table slots and the free pages, and sets each one's `extend_len`; a request that is only
-partly prefilled stays at the front; one preempted while its last sampled token was still
-on the device (overlap scheduling) waits until that token is known. With the prefix cache,
-a sequence first takes the longest cached prefix of its tokens, and one whose next page
+Contract: holds admitted-but-not-running sequences: new ones, those whose prompts are being
+prefilled chunk by chunk, and preempted or freshly forked ones. `schedule_next(budget, ...)`
+picks chunks shortest-remaining-first (the sequence with the fewest prompt tokens left to
+compute goes first; ties in arrival order), as many as fit under the step's `ChunkBudget`
+(pacing.py), the free table slots and the free pages, and sets each one's `extend_len`.
+Shortest-remaining-first is the fairness rule: a short prompt that arrives while a long one
+is being prefilled takes its turn in the next step, beside the long one's next chunk,
+instead of waiting for the whole long prompt; the long one gets whatever budget is left
+each step, so it still moves on. One preempted while its last sampled token was still on
+the device (overlap scheduling) waits until that token is known. With the prefix cache, a
+sequence first takes the longest cached prefix of its tokens, and one whose next page
 another sequence of the same step computes (the same prefix, arriving together) waits a
 step and then finds that page cached. A sequence that asks for prompt logprobs takes no
 cached prefix while prompt positions are left to score: a cached page holds K/V but not the
@@ -25,6 +28,7 @@ from collections.abc import Iterable
 from minisgl.core import Req
 
 from .cache import CacheManager
+from .pacing import ChunkBudget
 from .table import TableManager
 
 
@@ -59,13 +63,14 @@ class PrefillManager:
         return found
 
     def schedule_next(
-        self, budget: int, table: TableManager, cache: CacheManager, keep_free: int
+        self, budget: ChunkBudget, table: TableManager, cache: CacheManager, keep_free: int
     ) -> list[Req]:
         """Pick prefill chunks; `keep_free` pages stay free for running requests to grow."""
         chosen: list[Req] = []
         ps = cache.page_size
-        for req in self.pending:
-            if budget <= 0:
+        # shortest remaining first; sorted() is stable, so ties go by arrival
+        for req in sorted(self.pending, key=lambda r: r.uncached_len):
+            if budget.rows_at(req.cached_len) <= 0:
                 break
             if req.num_pending:
                 continue  # preempted while its last token was on the device: wait for it
@@ -88,7 +93,7 @@ class PrefillManager:
                 continue
             # room in the request's last page plus whole free pages it may take
             room = len(req.pages) * ps - req.cached_len + max(0, cache.available - keep_free) * ps
-            chunk = min(budget, req.uncached_len, room)
+            chunk = min(budget.rows_at(req.cached_len), req.uncached_len, room)
             if chunk <= 0:
                 break  # it keeps the matched pages, if any, for when there is room
             if req.table_idx < 0:
@@ -96,10 +101,10 @@ class PrefillManager:
                 cache.bind(req)  # pages it shares (a cached prefix, its first choice's)
             cache.grow(req, req.cached_len + chunk)
             req.extend_len = chunk
-            budget -= chunk
+            budget.spend(chunk, req.cached_len)
             chosen.append(req)
             if chunk < req.uncached_len:
-                break  # partly prefilled: it stays first in line for the next step
+                break  # partly prefilled: the budget or the room is spent
         for req in chosen:
             if req.extend_len == req.uncached_len:
                 self.pending.remove(req)

@@ -72,7 +72,7 @@ class Scheduler:
             self.overlap = engine.check_overlap()
         self.limits = Limits.of(engine)  # all the policy knows of the engine
         on_cpu = engine.device.type == "cpu"
-        self.pacer = PrefillPacer.configured(self.config, on_cpu, self.limits.prefill_rows)
+        self.pacer = PrefillPacer.configured(self.config, on_cpu, self.limits)
         self.grammars = engine.grammars  # builds the matchers of constrained requests
         self.policy = Policy(
             self.limits,
@@ -182,8 +182,7 @@ class Scheduler:
         handle = self.engine.launch(batch)
         self.observer.phase("post")
         if self.engine.device.type == "cpu":  # the step has run: its time tells the speed
-            prefill = sum(r.extend_len for r in batch.reqs[batch.decodes :])
-            self.pacer.observe(prefill, batch.decodes, time.perf_counter() - started)
+            self.pacer.observe(batch, time.perf_counter() - started)
         self.policy.launched(step)
         return _Launched(step, handle)
 

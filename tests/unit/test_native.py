@@ -208,8 +208,10 @@ def test_a_long_context_decodes_natively_as_on_torch_and_alike_on_any_thread_cou
     outs, old = {}, torch.get_num_threads()
     try:
         for path, threads in (("native", 1), ("native", 2), ("torch", 1), ("float", 1)):
+            # the prompt in one prefill step, as every path computes it (unpaced)
             llm = LLM(str(gguf_dir), device="cpu", page_size=4, native_decode=path == "native",
-                      quantization="none" if path == "float" else "gguf")  # fmt: skip
+                      quantization="none" if path == "float" else "gguf",
+                      prefill_step_seconds=0)  # fmt: skip
             llm.engine.runner.threads = None  # the count set here stands
             torch.set_num_threads(threads)
             if path == "native":

@@ -168,9 +168,9 @@ def test_a_length_finish_is_not_run_past_its_last_token(engine) -> None:
 
 
 def test_preempted_with_a_pending_token_then_finished_leaves_no_trace(tiny_dirs) -> None:
-    # 9 pages of 4 tokens for three growing requests: decodes preempt the newest, whose
-    # last token may still be pending; every request still gets its tokens and all is freed
-    small = tiny_cpu_engine(tiny_dirs["llama"], num_pages=9, max_seq_len=32)
+    # 8 pages of 4 tokens for three growing requests: decodes preempt the newest, whose
+    # last token is still pending; every request still gets its tokens and all is freed
+    small = tiny_cpu_engine(tiny_dirs["llama"], num_pages=8, max_seq_len=32)
     expected = _run(_sched(small, overlap=False))
     sched = _sched(small, overlap=True)
     replies = _run(sched)

@@ -2,7 +2,8 @@
 scheduler, and driven step by step with the tokens a fake engine "sampled". A prompt is
 prefilled in chunks under the budget, decodes to its max_tokens, and leaves every slot and
 page free; what only the model knows (the context, the vocabulary) refuses a request at
-admission; an abort mid-prefill frees what the partial prefill held."""
+admission; an abort mid-prefill frees what the partial prefill held; a short prompt that
+arrives while a long one is prefilled goes first (shortest remaining first)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from minisgl.message import BackendErrorMsg, DetokenizeMsg, ErrorKind, UserMsg
 from minisgl.observe import Observers
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.limits import Limits
+from minisgl.scheduler.pacing import ChunkBudget
 from minisgl.scheduler.policy import Policy
 
 LIMITS = Limits(max_seq_len=64, vocab_size=100, num_pages=16, page_size=4, max_running_requests=2)
@@ -21,7 +23,9 @@ TOKEN = 7  # what the fake engine samples, every time
 
 
 def policy(budget: int = 8, limits: Limits = LIMITS) -> Policy:
-    return Policy(limits, SchedulerConfig(), Observers(), random.Random(0), lambda _: budget)
+    """A policy whose every step may prefill `budget` rows, wherever they are."""
+    seeds = random.Random(0)
+    return Policy(limits, SchedulerConfig(), Observers(), seeds, lambda *_: ChunkBudget(budget))
 
 
 def one_step(p: Policy) -> tuple[list, list[int]] | None:
@@ -103,3 +107,22 @@ def test_an_abort_mid_prefill_frees_every_page_and_slot():
     assert aborted.uid == 1
     assert_idle(p)
     assert one_step(p) is None  # nothing left to run
+
+
+def test_a_short_prompt_arriving_mid_prefill_goes_first_and_the_long_one_moves_on():
+    limits = Limits(max_seq_len=256, vocab_size=100, num_pages=128, page_size=4,
+                    max_running_requests=4)  # fmt: skip
+    p = policy(budget=16, limits=limits)
+    p.add(user(1, 100, max_tokens=1))
+    assert one_step(p)[1] == [16]  # the long prompt's first chunk
+    short = SamplingParams(max_tokens=2, ignore_eos=True)
+    p.add(UserMsg.make(2, [50, 51, 52, 53, 54, 55], short))  # arrives mid-prefill
+    replies, chunks = one_step(p)
+    assert chunks == [6, 10]  # the short prompt whole, then the long one's next chunk
+    assert [r.uid for r in replies] == [2]  # its first token, one step after it arrived
+    replies, chunks = one_step(p)
+    assert chunks == [16] and [r.uid for r in replies] == [2]  # decoding beside the prefill
+    while (done := one_step(p)) is not None:
+        replies += done[0]
+    assert [r.uid for r in replies if r.finish_reason] == [2, 1]
+    assert_idle(p)
