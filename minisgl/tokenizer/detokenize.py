@@ -16,10 +16,10 @@ itself once every choice of the request has finished.
 Why text is held back:
 - one character can span several byte-level tokens (Chinese, emoji). Decoding a prefix of
   those tokens yields U+FFFD, so new text that ends in U+FFFD waits for the next token, but
-  only while it can still become a character: held bytes that are not the start of one (a
-  byte no UTF-8 character has there, or no tail left to complete) go out at once as U+FFFD,
-  so at most the 3 bytes of an unfinished character plus the token that broke it are held
-  and each step stays linear however long a model emits bytes that never complete.
+  only while it can still become a character: held bytes that never can (a byte no UTF-8
+  character has there) go out at once as U+FFFD, and only the tokens holding the start of a
+  character the next ones may complete wait, so a few bytes at most are held and each step
+  stays linear however long a model emits bytes that never complete.
   Decoding only from a recent offset keeps each step O(new tokens), and decoding a few
   tokens before the offset keeps tokenizers that merge spaces across token boundaries
   (SentencePiece-style) correct.
@@ -43,6 +43,13 @@ from .tokenize import token_bytes
 
 _REPLACEMENT = "\ufffd"
 _WINDOW = 8  # tokens of context for a token's text (text_offsets)
+
+
+def _decode_begun(data: bytes) -> tuple[str, int]:
+    """`data` as UTF-8 (U+FFFD for broken bytes), and how many bytes at its end begin a
+    character that more bytes could complete."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    return decoder.decode(data, final=False), len(decoder.getstate()[0])
 
 
 @dataclass
@@ -166,10 +173,14 @@ class DetokenizeManager:
         for (i, state, choice, msg), old, new in zip(live, before, after, strict=True):
             delta = new[len(old) :]
             last = msg.finish_reason is not None
-            if delta and (not delta.endswith(_REPLACEMENT) or not self._may_complete(choice)):
+            if delta and not delta.endswith(_REPLACEMENT):
                 choice.prefix_offset, choice.read_offset = choice.read_offset, len(choice.ids)
             elif last:
                 delta = delta.rstrip(_REPLACEMENT)  # bytes that never completed a character
+            elif delta and (upto := self._complete_upto(choice)) > choice.read_offset:
+                if upto < len(choice.ids):  # the tokens holding a character's start wait
+                    delta = self._decode([choice.ids[choice.prefix_offset : upto]])[0][len(old) :]
+                choice.prefix_offset, choice.read_offset = choice.read_offset, upto
             else:
                 delta = ""
             text, stop_hit = self._apply_stop(state, choice, delta, last)
@@ -198,13 +209,29 @@ class DetokenizeManager:
             if state.done:
                 self.remove(msg.uid)
 
-    def _may_complete(self, choice: ChoiceState) -> bool:
-        """Whether the bytes of the tokens not yet turned into text are characters so far
-        and then the start of one more, which the next tokens may complete."""
-        held = b"".join(token_bytes(self.tokenizer, choice.ids[choice.read_offset :]))
-        decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        decided = decoder.decode(held, final=False)
-        return _REPLACEMENT not in decided and bool(decoder.getstate()[0])
+    def _complete_upto(self, choice: ChoiceState) -> int:
+        """How many of the choice's tokens may be turned into text now, their text ending in
+        U+FFFD: none of those not yet turned when their bytes are characters and then the
+        start of one more (the next tokens may complete it); else up to the last token
+        boundary before that start that cuts no character (the bytes before it never
+        become one: they go out, as U+FFFD where broken)."""
+        pieces = token_bytes(self.tokenizer, choice.ids[choice.read_offset :])
+        held = b"".join(pieces)
+        decided, begun = _decode_begun(held)
+        if not begun:
+            return len(choice.ids)
+        if _REPLACEMENT not in decided:
+            return choice.read_offset
+        boundary = len(held)
+        for kept in range(1, len(pieces)):
+            boundary -= len(pieces[-kept])
+            head = held[:boundary].decode(errors="replace")
+            if (
+                boundary <= len(held) - begun
+                and head + _decode_begun(held[boundary:])[0] == decided
+            ):
+                return len(choice.ids) - kept  # no character straddles this boundary
+        return choice.read_offset
 
     # ------------------------------------------------------------------ logprobs
     def _texts(self, ids: list[int]) -> tuple[list[str], list[bytes]]:

@@ -156,3 +156,42 @@ def test_bytes_that_can_never_complete_go_out_as_replacement_characters_at_once(
     (reply,), _ = detok.feed([DetokenizeMsg(9, a[0], "length")])
     text += reply.incremental_output
     assert text == "\ufffd" * 2000 + "a"
+
+
+def test_a_character_begun_after_a_broken_byte_still_completes(tokenizer):
+    """0xFF (never in UTF-8), then the two bytes of "ʫ" one token each, then 0xFF again: a
+    broken byte goes out as U+FFFD at once, the character's first byte waits for its second."""
+    byte = {
+        b: tokenizer.convert_tokens_to_ids(s) for b, s in ((0xFF, "ÿ"), (0xCA, "Ê"), (0xAB, "«"))
+    }
+    assert tokenizer.decode([byte[0xCA], byte[0xAB]]) == "ʫ"
+    detok = DetokenizeManager(tokenizer)
+    detok.add(5)
+    out = []
+    for token in (byte[0xFF], byte[0xCA], byte[0xAB], byte[0xFF]):
+        (reply,), _ = detok.feed([DetokenizeMsg(5, token)])
+        out.append(reply.incremental_output)
+    assert out == ["\ufffd", "", "ʫ", "\ufffd"]
+
+
+def test_random_tokens_lose_no_character_whatever_bytes_they_hold(tokenizer):
+    """Random byte-level tokens (broken bytes, characters split anywhere): the text sent is
+    the tokens' bytes as UTF-8, every character in it, U+FFFD where bytes are broken."""
+    import random
+
+    from minisgl.tokenizer.tokenize import token_bytes
+
+    rng = random.Random(0)
+    plain = [
+        i for i in range(len(tokenizer)) if not token_bytes(tokenizer, [i])[0].startswith(b"<|")
+    ]
+    for _ in range(500):
+        ids = [rng.choice(plain) for _ in range(rng.randrange(1, 12))]
+        detok = DetokenizeManager(tokenizer)
+        detok.add(1)
+        text = ""
+        for k, token in enumerate(ids):
+            finish = "length" if k == len(ids) - 1 else None
+            text += detok.feed([DetokenizeMsg(1, token, finish)])[0][0].incremental_output
+        expected = b"".join(token_bytes(tokenizer, ids)).decode(errors="replace")
+        assert text.replace("\ufffd", "") == expected.replace("\ufffd", ""), ids
