@@ -84,10 +84,9 @@ class Policy:
         matchers: Any = None,
     ) -> None:
         """`limits`: what the engine can hold; `seeds` draws the seed of a request that
-        brings none; `budget(decodes, waiting)` is the prompt work a step may do beside
-        those decoding sequences with that many waiting (the step loop's pacer: pacing.py);
-        `matchers` builds, copies and advances the
-        grammar matchers of constrained requests (engine/grammar.py's `Grammars`)."""
+        brings none; `budget(decodes, waiting)` is a step's prompt work (pacing.py);
+        `matchers` builds, copies and advances the grammar matchers of constrained
+        requests (engine/grammar.py's `Grammars`)."""
         self.observer = observer  # the scheduler's observers (minisgl/observe.py)
         self.limits = limits
         self.table_manager = TableManager(limits.max_running_requests)

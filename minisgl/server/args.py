@@ -62,13 +62,17 @@ class ServerArgs:
     # 1 MiB is far more than a reading client ever lags behind, and 1024 stalled requests
     # then hold at most 1 GiB
     max_pending_bytes: int = option(
-        1 << 20, "abort a request whose unread output grows past this many bytes", gt=0
+        1 << 20,
+        "abort a request whose unread output holds more than this many bytes of memory",
+        gt=0,
     )
-    # a non-streamed answer is collected whole before it is sent (output text and logprobs);
-    # 16 MiB holds thousands of tokens with logprobs, and 1024 of them at once 16 GiB
+    # a non-streamed answer is collected whole before it is sent (output text and logprobs,
+    # counted as the memory they hold: server/memory.py); 16 MiB holds thousands of tokens
+    # with logprobs, and 1024 of them at once 16 GiB
     max_response_bytes: int = option(
         16 << 20,
-        "a non-streamed answer with more output than this is refused (stream it instead)",
+        "a non-streamed answer whose output holds more memory than this is refused (stream "
+        "it instead)",
         gt=0,
     )
     # far past a live client's pause, short enough that a dead connection frees its slot soon

@@ -4,7 +4,8 @@ Contract: the listener `append`s every UserReply of the request; the consumer `t
 everything pending at once as one `Output` (the text of each choice joined, its logprobs,
 the choices that ended since, the running token counts). However many replies arrive
 between two wake-ups, the buffer holds one string's worth per choice, and `pending_bytes`
-says how much text waits unread (the slow-client cap is checked against it).
+says how much memory the unread output holds (memory.py; the slow-client cap is checked
+against it).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 
 from minisgl.message import ErrorInfo, TokenInfo, UserReply
 
+from .memory import logprobs_bytes, text_bytes
+
 
 @dataclass
 class ChoiceOutput:
@@ -20,11 +23,6 @@ class ChoiceOutput:
     text: str
     finish_reason: str | None  # set on the output in which the choice ended
     logprobs: list[TokenInfo]
-
-
-def logprobs_bytes(infos: list[TokenInfo]) -> int:
-    """About how much memory logprobs take while they wait (their JSON is larger still)."""
-    return sum(24 + 2 * len(i.raw) + sum(24 + 2 * len(raw) for _, raw, _ in i.top) for i in infos)
 
 
 @dataclass
@@ -111,7 +109,7 @@ class ReplyBuffer:
         text = reply.incremental_output
         if text:
             choice.pieces.append(text)
-            self.pending_bytes += len(text.encode())
+            self.pending_bytes += text_bytes(text)
         if reply.prompt_logprobs:
             # ahead of the output's: not counted against the slow-client cap, as their size
             # is the prompt's (the request's own), arriving once, not output piling up

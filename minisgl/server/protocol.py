@@ -44,12 +44,10 @@ def sampling_field(name: str, default: Any = None, **extra: Any) -> Any:
 _STOP = SAMPLING_RULES["stop"]
 StopString = Annotated[str, Field(**_STOP.field_constraints())]
 StopList = Annotated[list[StopString], Field(**_STOP.field_constraints("list"))]
-_BIAS = SAMPLING_RULES["logit_bias"]
+_BIAS, _STOP_IDS = SAMPLING_RULES["logit_bias"], SAMPLING_RULES["stop_token_ids"]
 BiasValue = Annotated[float, Field(**_BIAS.field_constraints())]
 LogitBias = Annotated[dict[str, BiasValue], Field(**_BIAS.field_constraints("list"))]
-StopTokenIds = Annotated[
-    list[TokenId], Field(**SAMPLING_RULES["stop_token_ids"].field_constraints("list"))
-]
+StopTokenIds = Annotated[list[TokenId], Field(**_STOP_IDS.field_constraints("list"))]
 
 
 class ParamError(ValueError):

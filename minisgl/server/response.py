@@ -24,10 +24,10 @@ from starlette.responses import Response
 
 from minisgl.message import ErrorInfo, ErrorKind, TokenInfo, TokenizeMsg
 
-from .buffer import logprobs_bytes
 from .errors import RequestFailed, error_code, json_response
 from .formats import OutputFormat
 from .frontend import FrontendManager
+from .memory import logprobs_bytes, text_bytes
 from .middleware import request_id_var
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class FullResponse(_CompletionResponse):
                         texts[c.index].append(c.text)
                         logprobs[c.index] += c.logprobs
                         finish[c.index] = c.finish_reason or finish[c.index]
-                        collected += len(c.text.encode()) + logprobs_bytes(c.logprobs)
+                        collected += text_bytes(c.text) + logprobs_bytes(c.logprobs)
                     if collected > cap:  # leaving the scope aborts the rest
                         too_large = _too_large(cap)
                         break

@@ -25,6 +25,7 @@ from minisgl.message import (
 )
 from minisgl.server.errors import RequestFailed, to_http
 from minisgl.server.frontend import FrontendManager, Output
+from minisgl.server.memory import text_bytes
 from minisgl.server.stalls import StallSweeper
 from minisgl.testing.fakes import listening, make_frontend, scheduler_state, settle
 
@@ -162,7 +163,7 @@ async def test_several_sets_merged_into_one_wakeup_lose_no_reply(fb):
             backend.inject(UserReply(state.uid, p, completion_tokens=i + 1))
         await settle()
         assert state.event.is_set()
-        assert state.buffer.pending_bytes == sum(len(p.encode()) for p in pieces)
+        assert state.buffer.pending_bytes == sum(text_bytes(p) for p in pieces)
         assert frontend.state()["pending_bytes"] == state.buffer.pending_bytes
 
         outputs = frontend.wait_for_ack(state)
@@ -323,14 +324,14 @@ async def test_a_reply_after_the_terminal_one_is_dropped(fb):
 
 
 async def test_past_max_pending_bytes_the_request_ends_with_slow_client_and_aborts_once():
-    frontend, backend = make_frontend(max_pending_bytes=10)
+    frontend, backend = make_frontend(max_pending_bytes=text_bytes("0123456789"))
     async with listening(frontend):
         async with frontend.request(prompt("slow")) as state:
             uid = state.uid
-            backend.inject(UserReply(uid, "0123456789", completion_tokens=1))  # 10: at the cap
+            backend.inject(UserReply(uid, "0123456789", completion_tokens=1))  # at the cap
             await settle()
             assert backend.aborts() == [] and not state.terminal
-            backend.inject(UserReply(uid, "ab", completion_tokens=2))  # 12: past it
+            backend.inject(UserReply(uid, "ab", completion_tokens=2))  # past it
             await settle()
             assert backend.aborts() == [uid] and state.terminal
             pending = state.buffer.pending_bytes
@@ -349,13 +350,13 @@ async def test_past_max_pending_bytes_the_request_ends_with_slow_client_and_abor
 
 
 async def test_a_consumer_that_keeps_up_is_never_cut_off_by_the_cap():
-    frontend, backend = make_frontend(max_pending_bytes=8)
+    frontend, backend = make_frontend(max_pending_bytes=text_bytes("鲸鱼"))
     async with listening(frontend):
         outs: list[Output] = []
         task = asyncio.create_task(consume(frontend, "fast", outs))
         await settle()
         uid = uid_of(backend, "fast")
-        for i in range(20):  # 120 bytes in all, never more than 6 waiting
+        for i in range(20):  # 20 pieces in all, never more than one waiting
             backend.inject(UserReply(uid, "鲸鱼", completion_tokens=i + 1))
             await settle()
         backend.inject(done(uid, "", 20))
@@ -444,7 +445,7 @@ async def test_the_stall_sweeper_cancels_only_a_send_blocked_past_the_timeout(fb
 async def test_lifecycle_combines_the_workers_answer_with_the_frontend_counts(fb):
     frontend, backend = fb
     async with frontend.request(prompt("live")) as state:
-        backend.inject(UserReply(state.uid, "é", completion_tokens=1))  # 2 bytes pending
+        backend.inject(UserReply(state.uid, "é", completion_tokens=1))  # one piece pending
         await settle()
         query = asyncio.create_task(frontend.lifecycle(timeout=1))
         await settle()
@@ -454,7 +455,8 @@ async def test_lifecycle_combines_the_workers_answer_with_the_frontend_counts(fb
         tokenizer, scheduler = {"decode_states": 1}, scheduler_state(running=1)
         backend.inject(LifecycleStateMsg(msg.query_id, tokenizer, scheduler))
         result = await asyncio.wait_for(query, 1)
-    assert result == Lifecycle({"requests": 1, "pending_bytes": 2}, tokenizer, scheduler)
+    pending = text_bytes("é")  # what the piece holds in memory
+    assert result == Lifecycle({"requests": 1, "pending_bytes": pending}, tokenizer, scheduler)
     assert frontend._queries == {}
 
 
