@@ -17,6 +17,12 @@ Scenarios (`--scenario`):
   the tokenizer worker reports the compile under way (`grammar_compiles` in
   /debug/lifecycle), so the parse of the heavy body itself is not counted.
 
+- `retry-storm`: `--storm-clients` threads of one client (API key `storm`) send short
+  requests back to back, retrying a 503 after 50 ms, against `--max-concurrent-requests`
+  `--slots`; a polite client (key `polite`) sends one request at a time and honours
+  Retry-After. The figures: the polite client's share of tries admitted and its time to
+  first token, against the same requests on the idle server.
+
     python benchmarks/isolation.py                       # the embedded model, on the CPU
     python benchmarks/isolation.py --samples 20 --out isolation.json
 """
@@ -35,6 +41,10 @@ from common import launched_minisgl, script_parser, write_json
 from minisgl.testing.sse import iter_payloads
 
 
+class Refused(Exception):
+    """The server answered the request with an error status (a 503: it is full)."""
+
+
 def ttft(http: httpx.Client, url: str, model: str) -> float:
     body = {
         "model": model,
@@ -44,6 +54,8 @@ def ttft(http: httpx.Client, url: str, model: str) -> float:
     }
     start = time.perf_counter()
     with http.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            raise Refused(r.status_code)
         for payload in iter_payloads(r.iter_lines()):
             if '"content"' in payload or '"finish_reason":"' in payload:
                 return time.perf_counter() - start
@@ -71,7 +83,8 @@ def stream_gaps(http: httpx.Client, url: str, model: str, gaps: list, stop: thre
 
 def _heavy_body(args, model: str) -> dict:
     if args.scenario == "long-prompt":
-        words = " ".join(f"word{i % 97}" for i in range(args.prompt_tokens // 2))
+        # "wordN " is about three tokens of the embedded model; `heavy.prompt_tokens` says
+        words = " ".join(f"word{i % 97}" for i in range(args.prompt_tokens // 3))
         return {"model": model, "messages": [{"role": "user", "content": words}], "max_tokens": 1}
     if args.scenario == "huge-prompt":
         text = "x" * 3_900_000
@@ -88,10 +101,70 @@ def _heavy_body(args, model: str) -> dict:
     }
 
 
+def _storm(http: httpx.Client, url: str, model: str, stop: threading.Event, tally: dict):
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi."}], "max_tokens": 8}
+    headers = {"authorization": "Bearer storm"}
+    while not stop.is_set():
+        try:
+            r = http.post(url, json=body, headers=headers)
+        except httpx.HTTPError:  # the server going away at the end
+            return
+        tally[r.status_code] = tally.get(r.status_code, 0) + 1
+        if r.status_code == 503:
+            time.sleep(0.05)
+
+
+def retry_storm(args, flags: list[str]) -> dict:
+    flags = [*flags, "--max-concurrent-requests", str(args.slots), "--api-key", "storm,polite"]
+    with launched_minisgl(args.model, *flags) as server:
+        url = f"{server.base_url}/v1/chat/completions"
+        polite = {"authorization": "Bearer polite"}
+        limits = httpx.Limits(max_connections=args.storm_clients + 4)
+        with httpx.Client(timeout=120, headers=polite, limits=limits) as http:
+            for _ in range(3):
+                ttft(http, url, server.model_name)  # warm
+            idle = [ttft(http, url, server.model_name) for _ in range(args.samples)]
+            stop, tally = threading.Event(), {}
+            storm = [
+                threading.Thread(target=_storm, args=(http, url, server.model_name, stop, tally))
+                for _ in range(args.storm_clients)
+            ]
+            for thread in storm:
+                thread.start()
+            time.sleep(2.0)  # the storm holds every slot
+            tries, served = 0, []
+            deadline = time.perf_counter() + args.storm_seconds
+            while time.perf_counter() < deadline:
+                tries += 1
+                try:
+                    served.append(ttft(http, url, server.model_name))
+                except Refused:  # a 503: wait as told
+                    time.sleep(1.0)
+            stop.set()
+            for thread in storm:
+                thread.join()
+    return {
+        "scenario": "retry-storm",
+        "slots": args.slots,
+        "storm_clients": args.storm_clients,
+        "storm_answers": tally,
+        "polite_tries": tries,
+        "polite_served": len(served),
+        "polite_success_rate": len(served) / tries if tries else None,
+        "ttft_idle_median_s": statistics.median(idle),
+        "ttft_during_median_s": statistics.median(served) if served else None,
+        "ttft_during_max_s": max(served) if served else None,
+    }
+
+
 def main() -> int:
     p = script_parser(__doc__, "--json", "--out")
     p.add_argument("--model", default=None, help="hub id or folder (default: the embedded model)")
-    p.add_argument("--scenario", choices=["long-prompt", "huge-prompt", "schema"], default="schema")
+    scenarios = ["long-prompt", "huge-prompt", "schema", "retry-storm"]
+    p.add_argument("--scenario", choices=scenarios, default="schema")
+    p.add_argument("--slots", type=int, default=16, help="retry-storm: --max-concurrent-requests")
+    p.add_argument("--storm-clients", type=int, default=48, help="retry-storm: storm threads")
+    p.add_argument("--storm-seconds", type=float, default=20.0, help="retry-storm: how long")
     p.add_argument("--prompt-tokens", type=int, default=3000)
     p.add_argument("--server-arg", action="append", default=[], help="one more flag for the server")
     p.add_argument("--samples", type=int, default=10, help="short requests per phase")
@@ -102,6 +175,12 @@ def main() -> int:
     flags = ["--grammar-compile-timeout", str(args.grammar_compile_timeout)]
     flags += ["--grammar-max-bytes", str(4 << 20), "--max-body-bytes", str(8 << 20)]
     flags += [a for arg in args.server_arg for a in arg.split("=", 1)]
+    if args.scenario == "retry-storm":
+        record = retry_storm(args, flags)
+        print(json.dumps(record, indent=2))
+        if args.json:
+            write_json(args.json, record)
+        return 0
     with launched_minisgl(args.model, *flags) as server:
         url = f"{server.base_url}/v1/chat/completions"
         with httpx.Client(timeout=120) as http:
@@ -121,8 +200,13 @@ def main() -> int:
 
             def send_heavy() -> None:
                 start = time.perf_counter()
-                heavy["status"] = http.post(url, json=heavy_body).status_code
+                answer = http.post(url, json=heavy_body)
                 heavy["seconds"] = time.perf_counter() - start
+                heavy["status"] = answer.status_code
+                if answer.status_code != 200:
+                    heavy["error"] = answer.json().get("error", {}).get("message")
+                else:
+                    heavy["prompt_tokens"] = answer.json()["usage"]["prompt_tokens"]
 
             sender = threading.Thread(target=send_heavy)
             sender.start()
@@ -135,10 +219,8 @@ def main() -> int:
                 time.sleep(0.01)
             began = time.perf_counter()
             during = []
-            while sender.is_alive() and len(during) < args.samples:
-                took = ttft(http, url, server.model_name)
-                if sender.is_alive():
-                    during.append(took)
+            while sender.is_alive() and len(during) < args.samples:  # sent while it runs
+                during.append(ttft(http, url, server.model_name))
             sender.join()
             ended = time.perf_counter()
             stop.set()
@@ -158,6 +240,10 @@ def main() -> int:
         "samples_during": len(during),
         "stream_gap_max_before_s": max(before) if before else None,
         "stream_gap_max_during_s": max(window) if window else None,
+        # when the worst gap ended, in seconds after the heavy request was sent
+        "stream_gap_max_at_s": max((g, t - began) for t, g in gaps if began <= t <= ended + 0.5)[1]
+        if window
+        else None,
     }
     print(json.dumps(record, indent=2))
     if args.json:

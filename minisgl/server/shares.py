@@ -7,8 +7,9 @@ holds its share while another client waits. `take(uid, client)` and `give_back(u
 a request's slot from its admission to the end of its scope.
 
 The rule (max-min fairness over the clients that want slots): a client that was refused
-within the last WAITING_S seconds is waiting; the share of each client is the limit divided
-by the number of clients holding slots or waiting. A client at or over its share is refused
+within the last WAITING_S seconds is waiting, even once a retry got in (a client that sends
+one request after another finds room for the next); the share of each client is the limit
+divided by the number of clients holding slots or waiting. A client at or over its share is refused
 while any other client waits, even with slots free: the next freed slot goes to whoever
 waits instead of to the client that already holds the most. With nobody waiting, a client
 may take every free slot (an idle server serves one busy client fully). Each refusal is a
@@ -60,8 +61,7 @@ class FairShares:
 
     def take(self, uid: int, client: str) -> None:
         self.client_of[uid] = client
-        self.held[client] += 1
-        self.refused_at.pop(client, None)  # served: no longer waiting
+        self.held[client] += 1  # (a refused client stays waiting: its next ask finds room)
 
     def give_back(self, uid: int) -> None:
         client = self.client_of.pop(uid)

@@ -1,7 +1,8 @@
 """FairShares (server/shares.py): the request slots shared between clients. Alone, a client
 may take every slot; once another client has been refused, a client at its share is refused
-(even with slots free) until the other has had its turn; a waiting client stops counting
-after WAITING_S; the limit holds whoever asks."""
+(even with slots free) until the other has had its turn, and the one that waited stays
+counted for its next request; a waiting client stops counting after WAITING_S; the limit
+holds whoever asks."""
 
 from __future__ import annotations
 
@@ -38,12 +39,15 @@ def test_a_freed_slot_goes_to_the_waiting_client_not_to_the_one_holding_the_most
     assert refused.kind is ErrorKind.OVERLOADED and "its share" in refused.message
     assert shares.refusal("polite") is None  # polite's retry gets the slot
     shares.take(10, "polite")
-    shares.give_back(1)
-    shares.give_back(2)  # storm down to 1, polite holds 1, nobody waits
-    assert shares.refusal("storm") is None  # nobody waits: free slots are for anyone
-    shares.take(11, "storm")
+    shares.give_back(10)  # polite's answer is done; it asks again at once
+    shares.give_back(1)  # a storm slot frees: storm (2 held) stays at its share of 2 ...
+    assert shares.refusal("storm") is not None
+    assert shares.refusal("polite") is None  # ... so polite's next request finds room
+    shares.take(11, "polite")
+    shares.give_back(2)  # storm down to 1: under its share again
+    assert shares.refusal("storm") is None
     shares.take(12, "storm")
-    assert shares.held == {"storm": 3, "polite": 1}
+    assert shares.held == {"storm": 2, "polite": 1}
 
 
 def test_a_refused_client_stops_waiting_after_a_while():
