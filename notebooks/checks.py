@@ -233,18 +233,23 @@ def all_released(answer) -> None:
 # ---------------------------------------------------------------- 05 slow client
 @exercise
 async def replies_that_fit(answer) -> None:
-    """`answer(cap, reply_bytes)`: how many replies of `reply_bytes` bytes of text can wait
-    unread before a request with --max-pending-bytes `cap` is cut off."""
-    for cap, size in [(16 * 1024, 513), (1000, 100), (1000, 7), (4096, 4096)]:
+    """`answer(cap, reply_bytes)`: how many replies, each holding `reply_bytes` bytes of
+    memory while it waits (server/memory.py's `text_bytes` of its text), can wait unread
+    before a request with --max-pending-bytes `cap` is cut off."""
+    from minisgl.server.memory import text_bytes
+
+    for cap, chars in [(16 * 1024, 513), (1000, 100), (1000, 7), (4096, 4039)]:
+        text = "x" * chars
+        size = text_bytes(text)
         n = answer(cap, size)
         assert isinstance(n, int), f"要返回一个整数，不是 {n!r}"
         frontend, backend = make_frontend(max_pending_bytes=cap)
         async with listening(frontend):
             async with frontend.request(_msg) as state:
-                backend.inject(*(UserReply(state.uid, "x" * size) for _ in range(n)))
+                backend.inject(*(UserReply(state.uid, text) for _ in range(n)))
                 await settle()
                 kept = backend.aborts() == []
-                backend.inject(UserReply(state.uid, "x" * size))
+                backend.inject(UserReply(state.uid, text))
                 await settle()
                 cut = backend.aborts() == [state.uid]
         assert kept, (

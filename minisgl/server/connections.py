@@ -49,8 +49,10 @@ class GuardedH11Protocol(H11Protocol):
             self._make_room()
 
     def data_received(self, data: bytes) -> None:
-        if self._waiting_since is None and self.conn.their_state is h11.IDLE:
-            self._start_waiting()  # the first bytes of the next request on this connection
+        if self._read_timer is None and self.conn.their_state is h11.IDLE:
+            # the first bytes of the next request on this connection (an idle keep-alive
+            # connection is marked waiting, for eviction, but has no timer until now)
+            self._start_waiting()
         super().data_received(data)
         if self.conn.their_state in _DONE_READING:
             self._stop_waiting()

@@ -2,7 +2,8 @@
 a 2-second request read timeout, at most 40 connections): a hundred of them (half a
 request line, headers without their end, a body shorter than declared, a chunked body that
 never ends) do not keep a prompt client from being served, /health answers, and the slow
-ones are closed: the oldest as soon as the cap needs room, the rest by the timeout. A
+ones are closed: the oldest as soon as the cap needs room, the rest by the timeout, and so
+is a second request on a kept-alive connection that never ends. A
 request sent slowly but within the timeout is served; a client that half-closes its
 connection after sending is a disconnect (its timeline says so)."""
 
@@ -85,6 +86,29 @@ def test_a_request_sent_slowly_but_within_the_timeout_is_served(server):
         while chunk := s.recv(65536):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_the_read_timeout_holds_for_every_request_of_a_kept_alive_connection(server):
+    """Finding 6 of the round-4 review: a second request on a kept-alive connection that
+    drips its headers or body forever is closed by the timeout like the first."""
+    body = b'{"model": "%s", "prompt": [5, 6, 7], "max_tokens": 2}' % server.model_name.encode()
+    whole = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body)
+    ) + body
+    for partial in PARTIAL:
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(whole)  # the first request, served; the connection stays open
+            s.settimeout(10)
+            answer = b""
+            while b'"usage"' not in answer:
+                answer += s.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            s.sendall(partial)  # the second request never ends
+            start = time.monotonic()
+            assert _closed_by_server(s, READ_TIMEOUT_S + 3.0), partial
+            assert time.monotonic() - start < READ_TIMEOUT_S + 3.0
+    server.wait_zero(2.0)
 
 
 def test_a_half_closed_client_is_a_disconnect(server):

@@ -14,6 +14,7 @@ import torch
 from minisgl import LLM, SamplingParams
 from minisgl.message import TokenInfo, UserMsg, UserReply
 from minisgl.server.buffer import ReplyBuffer
+from minisgl.server.memory import text_bytes
 
 PROMPTS = [
     [5, 17, 230, 42, 8, 99, 310, 7, 7, 64, 2, 150, 33],
@@ -174,7 +175,7 @@ def test_prompt_logprobs_do_not_count_against_the_slow_client_cap():
     buffer = ReplyBuffer()
     infos = [TokenInfo("a", b"a", -1.0, i, [("b", b"b", -2.0)] * 20) for i in range(1000)]
     assert buffer.append(UserReply(0, "x", prompt_logprobs=infos, completion_tokens=1))
-    assert buffer.pending_bytes == 1
+    assert buffer.pending_bytes == text_bytes("x")  # the text alone
     assert len(buffer.take().choices[0].logprobs) == 1000
 
 

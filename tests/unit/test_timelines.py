@@ -26,6 +26,7 @@ from minisgl.message import (
 from minisgl.scheduler import Scheduler
 from minisgl.scheduler.config import SchedulerConfig
 from minisgl.server.frontend import FrontendManager
+from minisgl.server.memory import text_bytes
 from minisgl.server.supervisor import end_all
 from minisgl.testing.fakes import FakeBackend, listening, wait_until
 from minisgl.timeline.api import ApiTimeline, Timelines
@@ -349,7 +350,8 @@ def test_a_tokenizer_worker_without_timelines_still_passes_the_schedulers_on(tmp
 async def test_the_api_server_names_how_each_request_ended(ending, event, detail):
     backend = FakeBackend()
     store = Timelines(history=4)
-    frontend = FrontendManager(backend.send, backend.recv, max_pending_bytes=8)
+    # "hi" fits under the slow-client cap, "a long text" does not
+    frontend = FrontendManager(backend.send, backend.recv, max_pending_bytes=text_bytes("hi"))
     frontend.observe(ApiTimeline(store))
 
     async def serve():
