@@ -13,6 +13,11 @@ setting takes the class; `guarded(read_timeout, max_connections)` binds the two 
   idle between requests); only when every connection is serving a request is the new one
   closed instead. So slow or idle connections can never lock out a client that sends its
   request promptly, and file descriptors stay bounded.
+- a request body must not come in pathologically small pieces: past TINY_PIECES pieces
+  (HTTP chunks, or reads) averaging under TINY_BYTES bytes, the request is answered 400
+  (an OpenAI error body, `code: body_too_fragmented`) and the connection closed. Each piece
+  costs the parser what a whole read does, so 1 MB sent as 1-byte chunks was seconds of
+  the API server's loop; now it costs at most TINY_PIECES pieces' worth.
 Idle keep-alive connections are closed by uvicorn's own keep-alive timeout as before.
 The guards use uvicorn's internals (the protocol's `connections`, `conn`, `transport`), so
 pyproject.toml pins uvicorn to the versions tests/unit/test_connections.py ran against.
@@ -33,6 +38,15 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 logger = logging.getLogger(__name__)
 
 _DONE_READING = (h11.DONE, h11.MUST_CLOSE, h11.CLOSED, h11.ERROR)
+# a body in more pieces than this, averaging fewer bytes than that, is refused (a client
+# that streams a body writes pieces of kilobytes; a TCP read holds a segment or more)
+TINY_PIECES = 1024
+TINY_BYTES = 256
+_FRAGMENTED = (
+    b'{"error":{"message":"the request body came in more than %d pieces averaging under %d '
+    b'bytes; send it in larger pieces","type":"invalid_request_error","param":null,'
+    b'"code":"body_too_fragmented"}}' % (TINY_PIECES, TINY_BYTES)
+)
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -42,8 +56,13 @@ class GuardedH11Protocol(H11Protocol):
     _read_timer: asyncio.TimerHandle | None = None
     _waiting_since: float | None = None  # waiting for (the rest of) a request since then
 
+    _pieces = _piece_bytes = 0  # of the body of the request being read
+    _fragmented = False
+
     def connection_made(self, transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._next_event = self.conn.next_event
+        self.conn.next_event = self._counted_next_event  # type: ignore[method-assign]
         self._start_waiting()
         if len(self.connections) > self.max_connections:
             self._make_room()
@@ -67,6 +86,35 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     # ------------------------------------------------------------ the guards
+    def _counted_next_event(self):
+        event = self._next_event()
+        if isinstance(event, h11.Request):
+            self._pieces = self._piece_bytes = 0
+        elif isinstance(event, h11.Data):
+            self._pieces += 1
+            self._piece_bytes += len(event.data)
+            if self._pieces > TINY_PIECES and self._piece_bytes < TINY_BYTES * self._pieces:
+                self._fragmented = True  # uvicorn answers a protocol error with a 400
+                raise h11.RemoteProtocolError("request body too fragmented")
+        return event
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._fragmented:
+            return super().send_400_response(msg)
+        logger.info("a request body came in tiny pieces: refused")
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(_FRAGMENTED)).encode()),
+            (b"connection", b"close"),
+        ]
+        for event in (
+            h11.Response(status_code=400, headers=headers),
+            h11.Data(data=_FRAGMENTED),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
     def _start_waiting(self) -> None:
         self._stop_waiting()
         self._waiting_since = time.monotonic()

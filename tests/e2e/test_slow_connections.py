@@ -3,12 +3,14 @@ a 2-second request read timeout, at most 40 connections): a hundred of them (hal
 request line, headers without their end, a body shorter than declared, a chunked body that
 never ends) do not keep a prompt client from being served, /health answers, and the slow
 ones are closed: the oldest as soon as the cap needs room, the rest by the timeout, and so
-is a second request on a kept-alive connection that never ends. A
+is a second request on a kept-alive connection that never ends; a body in 1-byte chunks is
+refused. A
 request sent slowly but within the timeout is served; a client that half-closes its
 connection after sending is a disconnect (its timeline says so)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 
@@ -108,6 +110,50 @@ def test_the_read_timeout_holds_for_every_request_of_a_kept_alive_connection(ser
             start = time.monotonic()
             assert _closed_by_server(s, READ_TIMEOUT_S + 3.0), partial
             assert time.monotonic() - start < READ_TIMEOUT_S + 3.0
+    server.wait_zero(2.0)
+
+
+def _chunked(server, piece: int) -> bytes:
+    """A completions request whose body goes as HTTP chunks of `piece` bytes, and its answer."""
+    user = b"u" * 3000  # an end-user id changes no output: bulk that costs no tokens
+    body = b'{"model": "%s", "prompt": [5, 6, 7], "max_tokens": 2, "user": "%s"}' % (
+        server.model_name.encode(),
+        user,
+    )
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    chunks = b"".join(
+        b"%x\r\n%s\r\n" % (len(body[i : i + piece]), body[i : i + piece])
+        for i in range(0, len(body), piece)
+    )
+    with socket.create_connection(("127.0.0.1", server.port)) as s:
+        try:
+            s.sendall(head + chunks + b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before the rest was sent
+        s.settimeout(10)
+        answer = b""
+        try:
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:
+            pass
+    return answer
+
+
+def test_a_body_in_tiny_chunks_is_refused_and_one_in_larger_chunks_served(server):
+    """Finding 4 of the round-4 review: a body sent as 1-byte chunks cost the API server a
+    parser event per byte; past TINY_PIECES such pieces it is a 400, and the connection
+    closes. The same body in 1 KB chunks is served."""
+    answer = _chunked(server, 1)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["code"] == "body_too_fragmented" and "pieces" in error["message"]
+    assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
+    answer = _chunked(server, 1024)
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     server.wait_zero(2.0)
 
 
