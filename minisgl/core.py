@@ -239,6 +239,7 @@ class Req:
     seed: int
     eos_token_ids: frozenset[int] = frozenset()
     index: int = 0  # which choice of its request
+    client: str = ""  # who sent the request: prefill takes turns between clients
     forks_left: int = 0  # choices still to be forked off once the prompt is cached
     table_idx: int = -1  # slot in the page table; -1 while it holds none
     cached_len: int = 0  # tokens whose K/V are in the cache

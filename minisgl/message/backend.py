@@ -21,12 +21,18 @@ class UserMsg(msgspec.Struct, tag=True):
     # llguidance's grammar for the params' json_schema or grammar, compiled and checked by
     # a grammar-compile process (minisgl/grammar/): the scheduler only builds a matcher
     grammar: str | None = None
+    client: str = ""  # who sent it (the TokenizeMsg's `client`)
 
     @classmethod
     def make(
-        cls, uid: int, input_ids: list[int], params: SamplingParams, grammar: str | None = None
+        cls,
+        uid: int,
+        input_ids: list[int],
+        params: SamplingParams,
+        grammar: str | None = None,
+        client: str = "",
     ) -> UserMsg:
-        return cls(uid, pack_ids(input_ids), params, grammar)
+        return cls(uid, pack_ids(input_ids), params, grammar, client)
 
     @property
     def input_ids(self) -> list[int]:

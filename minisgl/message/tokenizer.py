@@ -36,6 +36,9 @@ class TokenizeMsg(msgspec.Struct, tag=True):
     # the --reasoning-parser of a chat request whose output may think: the worker tells
     # the API server when the prompt leaves the model inside the think block
     reasoning: str | None = None
+    # who sent it (an API key's digest, else an address): the scheduler shares its turns
+    # between clients (scheduler/prefill.py); the API server sets it from the request
+    client: str = ""
 
 
 class AbortMsg(msgspec.Struct, tag=True):

@@ -39,6 +39,7 @@ def fork_choices(
             seed=seed_for(first.sampling_params, index),
             eos_token_ids=first.eos_token_ids,
             index=index,
+            client=first.client,
             # the first choice's matcher has consumed nothing yet: its first token is
             # being sampled in the step that forks
             matcher=first.matcher and copy_matcher(first.matcher),

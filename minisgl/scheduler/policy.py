@@ -173,6 +173,7 @@ class Policy:
             seed=self._seed_for(params, 0),
             eos_token_ids=self.limits.eos_token_ids,
             forks_left=params.n - 1,  # the other choices fork off once the prompt is cached
+            client=msg.client,
             prompt_scores=PromptScores() if params.prompt_logprobs is not None else None,
         )
         if constrained:  # queued once its matcher is built, off this loop
@@ -255,11 +256,9 @@ class Policy:
             self.num_preemptions += len(preempted)
             logger.info("KV cache full: preempted %d request(s) for recompute", len(preempted))
             self.prefill_manager.readmit(preempted)
+        budget = self._budget(decode, len(self.prefill_manager))
         prefill = self.prefill_manager.schedule_next(
-            self._budget(decode, len(self.prefill_manager)),
-            self.table_manager,
-            self.cache_manager,
-            keep_free=len(decode),
+            budget, self.table_manager, self.cache_manager, keep_free=len(decode), running=decode
         )
         reqs = decode + prefill
         return Step(Batch(reqs, decodes=len(decode))) if reqs else None

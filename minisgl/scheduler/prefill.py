@@ -2,13 +2,14 @@
 
 Contract: holds admitted-but-not-running sequences: new ones, those whose prompts are being
 prefilled chunk by chunk, and preempted or freshly forked ones. `schedule_next(budget, ...)`
-picks chunks shortest-remaining-first (the sequence with the fewest prompt tokens left to
-compute goes first; ties in arrival order), as many as fit under the step's `ChunkBudget`
-(pacing.py), the free table slots and the free pages, and sets each one's `extend_len`.
-Shortest-remaining-first is the fairness rule: a short prompt that arrives while a long one
-is being prefilled takes its turn in the next step, beside the long one's next chunk,
-instead of waiting for the whole long prompt; the long one gets whatever budget is left
-each step, so it still moves on. One preempted while its last sampled token was still on
+picks chunks in `turns` order, as many as fit under the step's `ChunkBudget` (pacing.py),
+the free table slots and the free pages, and sets each one's `extend_len`. Two fairness
+rules make that order. Clients take turns (a request's `client` is its API key or address):
+one client's queued requests do not hold back another's. Within a client, the shortest
+remaining goes first (the fewest prompt tokens left to compute; ties in arrival order): a
+short prompt that arrives while a long one is being prefilled takes its turn in the next
+step, beside the long one's next chunk, instead of waiting for the whole long prompt; the
+long one gets whatever budget is left each step, so it still moves on. One preempted while its last sampled token was still on
 the device (overlap scheduling) waits until that token is known. With the prefix cache, a
 sequence first takes the longest cached prefix of its tokens, and one whose next page
 another sequence of the same step computes (the same prefix, arriving together) waits a
@@ -22,7 +23,7 @@ partial prefill holds.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable
 
 from minisgl.core import Req
@@ -63,13 +64,18 @@ class PrefillManager:
         return found
 
     def schedule_next(
-        self, budget: ChunkBudget, table: TableManager, cache: CacheManager, keep_free: int
+        self,
+        budget: ChunkBudget,
+        table: TableManager,
+        cache: CacheManager,
+        keep_free: int,
+        running: Iterable[Req] = (),
     ) -> list[Req]:
-        """Pick prefill chunks; `keep_free` pages stay free for running requests to grow."""
+        """Pick prefill chunks; `keep_free` pages stay free for the `running` sequences to
+        grow."""
         chosen: list[Req] = []
         ps = cache.page_size
-        # shortest remaining first; sorted() is stable, so ties go by arrival
-        for req in sorted(self.pending, key=lambda r: r.uncached_len):
+        for req in turns(self.pending, running):
             if budget.rows_at(req.cached_len) <= 0:
                 break
             if req.num_pending:
@@ -109,6 +115,21 @@ class PrefillManager:
             if req.extend_len == req.uncached_len:
                 self.pending.remove(req)
         return chosen
+
+
+def turns(pending: Iterable[Req], running: Iterable[Req]) -> list[Req]:
+    """The order in which `pending` sequences get their prefill turn: clients take turns, a
+    client's own sequences shortest remaining first. A sequence's place is how many of its
+    client's sequences run or come before it; ties go to the shortest remaining, then to
+    arrival. So one client's thousand queued requests do not hold back another client's
+    first one, and a client that is alone is served shortest first as before."""
+    ahead = Counter(req.client for req in running)
+    places = []
+    # shortest remaining first; sorted() is stable, so ties go by arrival
+    for i, req in enumerate(sorted(pending, key=lambda r: r.uncached_len)):
+        places.append((ahead[req.client], i, req))
+        ahead[req.client] += 1
+    return [req for _, _, req in sorted(places, key=lambda p: p[:2])]
 
 
 def _same_next_page(chosen: Req, req: Req, page_size: int) -> bool:

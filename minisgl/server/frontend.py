@@ -154,7 +154,7 @@ class FrontendManager:
         self.check_admission()
         state = self.new_user(n, event)
         try:
-            self.send_one(make_msg(state.uid))
+            self.send_one(msgspec.structs.replace(make_msg(state.uid), client=client_var.get()))
         except BaseException as exc:  # nothing reached the workers: nothing to abort
             self.forget(state.uid)
             if isinstance(exc, (msgspec.EncodeError, OverflowError, UnicodeEncodeError)):

@@ -138,7 +138,7 @@ class TokenizerWorker:
             )
             if p.reasoning_open:  # the output starts as reasoning: say so ahead of it
                 to_frontend.append(UserReply(msg.uid, reasoning_open=True))
-            to_backend.append(UserMsg.make(msg.uid, p.ids, params, p.grammar))
+            to_backend.append(UserMsg.make(msg.uid, p.ids, params, p.grammar, msg.client))
         return to_backend
 
     def _abort(self, uid: int) -> None:

@@ -17,6 +17,7 @@ from minisgl.scheduler.config import SchedulerConfig
 from minisgl.scheduler.limits import Limits
 from minisgl.scheduler.pacing import ChunkBudget
 from minisgl.scheduler.policy import Policy
+from minisgl.scheduler.prefill import turns
 
 LIMITS = Limits(max_seq_len=64, vocab_size=100, num_pages=16, page_size=4, max_running_requests=2)
 TOKEN = 7  # what the fake engine samples, every time
@@ -126,3 +127,34 @@ def test_a_short_prompt_arriving_mid_prefill_goes_first_and_the_long_one_moves_o
         replies += done[0]
     assert [r.uid for r in replies if r.finish_reason] == [2, 1]
     assert_idle(p)
+
+
+def test_clients_take_turns_so_one_client_s_queue_does_not_hold_back_another():
+    """Round-4 finding 7, on the scheduler's side: one client with many requests queued
+    ahead; another client's single request, sent last, starts among the first."""
+    limits = Limits(max_seq_len=64, vocab_size=100, num_pages=64, page_size=4,
+                    max_running_requests=2)  # fmt: skip
+    p = policy(budget=64, limits=limits)
+    params = {"max_tokens": 4, "ignore_eos": True}
+    for uid in range(1, 7):  # the storm's six, all as short as the polite one
+        p.add(UserMsg.make(uid, [5, 6, 7, 8], SamplingParams(**params), client="storm"))
+    p.add(UserMsg.make(99, [5, 6, 7, 8], SamplingParams(**params), client="polite"))
+    replies, _ = one_step(p)  # two slots: one storm request, then the polite one
+    assert [r.uid for r in replies] == [1, 99]
+    replies, _ = run(p)
+    finished = [r.uid for r in replies if r.finish_reason]
+    assert finished.index(99) < 2 and sorted(finished) == [1, 2, 3, 4, 5, 6, 99]
+    assert_idle(p)
+
+
+def test_turns_interleave_clients_and_keep_shortest_first_within_one():
+    def seq(uid: int, client: str, length: int) -> SimpleNamespace:
+        return SimpleNamespace(uid=uid, client=client, uncached_len=length)
+
+    pending = [seq(1, "a", 30), seq(2, "a", 10), seq(3, "a", 20), seq(4, "b", 50)]
+    assert [r.uid for r in turns(pending, running=[])] == [2, 4, 3, 1]
+    # a client already running two sequences waits behind the other's first two
+    running = [seq(8, "b", 0), seq(9, "b", 0)]
+    assert [r.uid for r in turns(pending, running)] == [2, 3, 1, 4]
+    alone = [seq(i, "a", n) for i, n in enumerate([5, 3, 9, 3])]  # one client: SRPT, stable
+    assert [r.uid for r in turns(alone, running=[])] == [1, 3, 0, 2]
