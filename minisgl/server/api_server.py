@@ -32,10 +32,16 @@ from minisgl.timeline.api import ApiTimeline, Timelines
 from . import chat, completions, ops, responses
 from .args import ServerArgs
 from .conversation import MESSAGE_ROLES
-from .errors import HttpError, unavailable
+from .errors import INVALID_REQUEST, SERVER_ERROR, HttpError, unavailable
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
-from .middleware import ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware, arrival_var
+from .middleware import (
+    ApiKeyMiddleware,
+    BodyLimitMiddleware,
+    RequestIdMiddleware,
+    arrival_var,
+    tenant_var,
+)
 from .protocol import ParamError
 from .stalls import StallSweeper
 
@@ -63,16 +69,19 @@ def create_app(
     state.metrics.set_fallbacks(state.degraded)
     state.timelines = Timelines(args.debug_history)
     state.stalls = StallSweeper(args.client_stall_timeout)
-    for observer in (state.metrics, ApiTimeline(state.timelines, arrival_var.get), state.stalls):
+    timelines = ApiTimeline(state.timelines, arrival_var.get, tenant_var.get)
+    for observer in (state.metrics, timelines, state.stalls):
         frontend.observe(observer)
 
     def refused(code: str) -> None:
         frontend.observer.event(None, "refused", code=code)
 
     # added last = outermost: every answer, a 401 or 413 too, carries its X-Request-Id
-    app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_body_bytes, on_reject=refused)
-    if args.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=args.api_key, on_reject=refused)
+    bodies = {"max_bytes": args.max_body_bytes, "max_total": args.max_body_bytes_total}
+    app.add_middleware(BodyLimitMiddleware, **bodies, on_reject=refused)
+    if args.api_key or args.admin_key:
+        keys = {"api_key": args.api_key, "admin_key": args.admin_key}
+        app.add_middleware(ApiKeyMiddleware, **keys, on_reject=refused)
     app.add_middleware(RequestIdMiddleware)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
@@ -116,10 +125,16 @@ async def _on_validation_error(request: Request, exc: RequestValidationError):
 async def _on_http_error(request: Request, exc: StarletteHTTPException):
     code = _HTTP_CODES.get(exc.status_code)
     request.app.state.frontend.observer.event(None, "refused", code=code or str(exc.status_code))
-    return HttpError(exc.status_code, str(exc.detail), code=code).response()
+    kind = SERVER_ERROR if exc.status_code >= 500 else INVALID_REQUEST
+    return HttpError(exc.status_code, str(exc.detail), kind, code).response(exc.headers)
 
 
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    503: "overloaded",
+}
 
 
 def _validation_error(exc: RequestValidationError) -> HttpError:

@@ -23,6 +23,7 @@ from minisgl.engine.config import EngineConfig
 from minisgl.models.default_model import DEFAULT_MODEL_NAME
 from minisgl.parsers import REASONING_PARSERS, TOOL_CALL_PARSERS
 from minisgl.scheduler.config import SchedulerConfig
+from minisgl.server.tenants import api_keys
 from minisgl.utils.flags import add_flags, check_flags, option, split_options
 
 
@@ -39,6 +40,14 @@ class ServerArgs:
         "require 'Authorization: Bearer KEY' on /v1/* (default: $MINISGL_API_KEY); "
         "KEY1,KEY2,...: several keys, one per tenant",
         env="MINISGL_API_KEY",
+    )
+    # the operator's key: flushes the cache, scrapes /metrics, reads every tenant's timelines
+    admin_key: str | None = option(
+        None,
+        "the key for the operator's routes (POST /debug/flush_cache, GET /metrics) and for "
+        "every tenant's timelines (default: $MINISGL_ADMIN_KEY); without it, a single "
+        "--api-key is the operator's",
+        env="MINISGL_ADMIN_KEY",
     )
     # each request's cache salt has its key's digest in it, so one tenant cannot learn from
     # cached_tokens or timing what another sent
@@ -83,6 +92,13 @@ class ServerArgs:
     )
     # 4 MiB holds a long context's prompt as JSON several times over
     max_body_bytes: int = option(4 << 20, "larger request bodies are refused with 413", gt=0)
+    # the bodies of all requests being read or served at once: 64 full bodies
+    max_body_bytes_total: int = option(
+        256 << 20,
+        "request bodies held in memory at once, all clients together; a request past it is "
+        "answered 503 with Retry-After",
+        gt=0,
+    )
     # against slowloris: the whole request (headers and body) within this many seconds
     request_read_timeout: float = option(
         30.0,
@@ -196,6 +212,12 @@ def parse_args(argv: list[str] | None = None) -> ServerArgs:
         # an empty key would turn authentication off without a word: refuse it instead
         source = "--api-key" if "--api-key" in (argv or sys.argv) else "$MINISGL_API_KEY"
         parser.error(f"{source} is empty: give a key, or unset it to serve without authentication")
+    if ns.admin_key is not None and (
+        not ns.admin_key.strip() or ns.admin_key.strip() in api_keys(ns.api_key)
+    ):
+        parser.error("--admin-key must be a key of its own: not empty, and not an --api-key")
+    if ns.max_body_bytes_total < ns.max_body_bytes:
+        parser.error("--max-body-bytes-total must hold at least one --max-body-bytes body")
     if ns.tp_size < 1 or ns.nnodes < 1 or ns.tp_size % ns.nnodes:
         parser.error("--tp-size must be a positive multiple of --nnodes")
     if not 0 <= ns.node_rank < ns.nnodes:

@@ -3,17 +3,22 @@
 - `RequestIdMiddleware`: every response carries `X-Request-Id`, the client's own when it
   sent one, else a fresh one; while the request is served the id is in `request_id_var`,
   so log lines about the request can name it.
-- `ApiKeyMiddleware`: with an API key set, every `/v1/*` route, the admin route
-  `POST /debug/flush_cache`, the request timelines `GET /debug/requests` and the live page
-  `GET /debug` require `Authorization: Bearer <key>` (or HTTP Basic auth with the key as
-  the password, which a browser asks for on the live page and then sends with the page's
-  own requests), compared in constant time; otherwise 401. Other routes (/health,
-  /metrics, /debug/lifecycle: counts only) stay open. Several keys (`--api-key A,B`) are
+- `ApiKeyMiddleware`: with an API key set, every `/v1/*` route, the request timelines
+  `GET /debug/requests` and the live page `GET /debug` require `Authorization: Bearer
+  <key>` (or HTTP Basic auth with the key as the password, which a browser asks for on the
+  live page and then sends with the page's own requests), compared in constant time;
+  otherwise 401. The operator's routes (`POST /debug/flush_cache`, `GET /metrics`) need
+  the operator's key: 401 without a key, 403 with a tenant's (tenants.py says who is
+  which). /health and /debug/lifecycle stay open. Several keys (`--api-key A,B`) are
   several tenants: while a request is served, `tenant_var` holds a digest of the key it
-  came with, which --cache-salt-per-key mixes into its prefix cache salt. `client_var` is
-  who sent it (that digest, else its address): the unit the slots are shared by.
+  came with, which --cache-salt-per-key mixes into its prefix cache salt, and `role_var`
+  its role. `client_var` is who sent it (that digest, else its address): the unit the
+  slots are shared by. `--admin-key` alone (no --api-key) leaves /v1 open.
 - `BodyLimitMiddleware`: a request body over the limit is answered 413 before any route
-  reads it, whether it declares a Content-Length or streams chunks.
+  reads it, whether it declares a Content-Length or streams chunks. The bodies of all the
+  requests being read or served are held in memory together: past `max_total` bytes of
+  them, the request whose piece crossed it is answered 503 with Retry-After (a thousand
+  connections each sending a body just under the limit no longer make gigabytes).
 All error answers use the OpenAI error body, and are counted through `on_reject(code)`.
 """
 
@@ -31,7 +36,9 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from .errors import HttpError
+from . import tenants
+from .errors import SERVER_ERROR, HttpError
+from .tenants import api_keys
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
 # (time.monotonic() when the request came in, its path): where its timeline starts
@@ -86,19 +93,21 @@ def _no_count(code: str) -> None:
     pass
 
 
-PROTECTED = ("/v1/", "/debug/flush_cache", "/debug/requests")  # path prefixes behind the key
+PROTECTED = ("/v1/", "/debug/requests")  # path prefixes behind a key (any of ours)
 PAGES = ("/debug", "/debug/")  # pages a browser opens: it is asked for Basic auth
 
 
-def api_keys(value: str) -> list[str]:
-    """The keys of `--api-key A,B,...` (each one a tenant)."""
-    return [key.strip() for key in value.split(",") if key.strip()]
-
-
 class ApiKeyMiddleware:
-    def __init__(self, app, api_key: str, on_reject: Callable[[str], None] = _no_count) -> None:
+    def __init__(
+        self,
+        app,
+        api_key: str | None,
+        admin_key: str | None = None,
+        on_reject: Callable[[str], None] = _no_count,
+    ) -> None:
         self.app = app
         self.keys = [key.encode() for key in api_keys(api_key)]
+        self.admin = admin_key.strip().encode() if admin_key else None
         self.on_reject = on_reject
 
     def _key(self, given: bytes) -> bytes | None:
@@ -113,29 +122,49 @@ class ApiKeyMiddleware:
         else:
             return None
         found = None
-        for ours in self.keys:  # every key compared, each in constant time
-            if hmac.compare_digest(key, ours):
+        for ours in [*self.keys, *([self.admin] if self.admin else [])]:
+            if hmac.compare_digest(key, ours):  # every key compared, each in constant time
                 found = ours
         return found
 
-    async def __call__(self, scope, receive, send) -> None:
-        path = scope.get("path", "")
-        page = path in PAGES
-        key = self._key(_header(scope, b"authorization") or b"")
-        if scope["type"] == "http" and (page or path.startswith(PROTECTED)) and key is None:
-            self.on_reject("invalid_api_key")
+    def _refusal(self, path: str, key: bytes | None, role: str) -> HttpError | None:
+        """Why the request may not reach its route (None: it may)."""
+        if tenants.operator_only(path):
+            if role == tenants.OPERATOR:
+                return None
+        elif key is not None or not self._needs_key(path):
+            return None
+        if key is None:
             message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
-            error = HttpError(401, message, code="invalid_api_key")
-            challenge = 'Basic realm="minisgl"' if page else "Bearer"
-            response = error.response(headers={"WWW-Authenticate": challenge})
-            return await response(scope, receive, send)
+            return HttpError(401, message, code="invalid_api_key")
+        how = "" if self.admin else ": start the server with --admin-key to have one"
+        return HttpError(403, f"this route needs the admin key{how}", code="admin_key_required")
+
+    def _needs_key(self, path: str) -> bool:
+        if path in PAGES or path.startswith(PROTECTED[1]):
+            return True
+        return bool(self.keys) and path.startswith(PROTECTED[0])  # --admin-key alone: /v1 open
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        key = self._key(_header(scope, b"authorization") or b"")
+        role = tenants.role_of(key, self.admin, self.keys)
+        error = self._refusal(path, key, role)
+        if error is not None:
+            self.on_reject(error.code)
+            challenge = 'Basic realm="minisgl"' if path in PAGES else "Bearer"
+            headers = {"WWW-Authenticate": challenge} if error.status == 401 else None
+            return await error.response(headers=headers)(scope, receive, send)
         tenant = hashlib.sha256(key).hexdigest()[:16] if key is not None else None
-        token = tenant_var.set(tenant)
+        token, role_token = tenant_var.set(tenant), tenants.role_var.set(role)
         client = client_var.set(f"key {tenant}") if tenant is not None else None
         try:
             await self.app(scope, receive, send)
         finally:
             tenant_var.reset(token)
+            tenants.role_var.reset(role_token)
             if client is not None:
                 client_var.reset(client)
 
@@ -148,23 +177,43 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, f"the request body is larger than {max_bytes} bytes")
 
 
+class BodiesTooLarge(HTTPException):
+    """Raised from inside receive() when all bodies held together pass their budget."""
+
+    def __init__(self, max_total: int) -> None:
+        message = f"request bodies held at once passed {max_total} bytes: retry shortly"
+        super().__init__(503, message, headers={"Retry-After": "1"})
+
+
 class BodyLimitMiddleware:
-    def __init__(self, app, max_bytes: int, on_reject: Callable[[str], None] = _no_count) -> None:
+    def __init__(
+        self,
+        app,
+        max_bytes: int,
+        max_total: int | None = None,
+        on_reject: Callable[[str], None] = _no_count,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.max_total = max_total if max_total is not None else 64 * max_bytes
+        self.held = 0  # body bytes received by the requests being served, all together
         self.on_reject = on_reject
 
-    async def _too_large(self, scope, receive, send) -> None:
-        self.on_reject("body_too_large")
-        message = str(BodyTooLarge(self.max_bytes).detail)
-        await HttpError(413, message, code="body_too_large").response()(scope, receive, send)
+    async def _refuse(self, exc: HTTPException, scope, receive, send) -> None:
+        """The answer to a body refused before (or without) the app's own error handler."""
+        if isinstance(exc, BodyTooLarge):
+            error = HttpError(413, str(exc.detail), code="body_too_large")
+        else:
+            error = HttpError(503, str(exc.detail), SERVER_ERROR, "overloaded", retry_after=1)
+        self.on_reject(str(error.code))
+        await error.response()(scope, receive, send)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await self._too_large(scope, receive, send)
+            return await self._refuse(BodyTooLarge(self.max_bytes), scope, receive, send)
         received = 0
         started = False
 
@@ -172,9 +221,13 @@ class BodyLimitMiddleware:
             nonlocal received
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                piece = len(message.get("body", b""))
+                received += piece
+                self.held += piece
                 if received > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)
+                if self.held > self.max_total:
+                    raise BodiesTooLarge(self.max_total)
             return message
 
         async def tracking_send(message: dict[str, Any]) -> None:
@@ -184,6 +237,8 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
+        except (BodyTooLarge, BodiesTooLarge) as exc:
             if not started:
-                await self._too_large(scope, receive, send)
+                await self._refuse(exc, scope, receive, send)
+        finally:
+            self.held -= received

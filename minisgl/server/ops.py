@@ -7,7 +7,8 @@ live per-uid state), GET /debug/requests (request timelines: at most `limit` of 
 only those ended after the `since`-th end, or one request id's; bounded whatever the
 history holds, so a page polling it never stalls the server), GET /debug (the live page),
 POST /debug/flush_cache (admin: empties the prefix cache when no request is in flight,
-409 otherwise). Each reads what it needs from `request.app.state`.
+409 otherwise). Each reads what it needs from `request.app.state`. Under API keys a tenant's
+timelines are its own and /debug/lifecycle tells no sizes but to the operator (tenants.py).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import msgspec
 from fastapi import APIRouter, Query, Request
 from starlette.responses import HTMLResponse, Response
 
+from . import tenants
 from .endpoint import unknown_model
 from .errors import HttpError, RequestFailed, to_http, unavailable
 from .health import decide_health
+from .middleware import tenant_var
 
 router = APIRouter()
 
@@ -66,7 +69,8 @@ async def debug_requests(
         uid: (s.buffer.prompt_tokens, s.buffer.completion_tokens) for uid, s in states.items()
     }
     timelines = request.app.state.timelines
-    return timelines.snapshot(counts, limit=limit, since=since, request_id=request_id)
+    owner = tenants.owner_filter(tenant_var.get())
+    return timelines.snapshot(counts, limit, since, request_id, owner=owner)
 
 
 @router.get("/debug", response_class=HTMLResponse)
@@ -79,7 +83,7 @@ async def debug_page():
 async def debug_lifecycle(request: Request):
     try:
         lifecycle = await request.app.state.frontend.lifecycle()
-        return msgspec.to_builtins(lifecycle)  # unset fields left out
+        return tenants.coarse(msgspec.to_builtins(lifecycle))  # unset fields left out
     except RequestFailed as failed:
         return to_http(failed.error).response()
     except asyncio.TimeoutError:

@@ -1,7 +1,8 @@
 """Start the real three-process server (`python -m minisgl`) on a free port for a test.
 
-`RunningServer` waits for /health, knows its base URL, can read /debug/lifecycle, wait
-until every component is back at zero, and stop the server with a signal, checking that
+`RunningServer` waits for /health, knows its base URL, can read /debug/lifecycle (with the
+operator's key when it was started with one, so the counts are exact), wait until every
+component is back at zero, and stop the server with a signal, checking that
 no process and no IPC directory is left behind. By default it serves on the CPU and
 returns once the server is healthy; `device=` and `wait=False` (then `wait_healthy()`)
 are for the benchmarks, which may run it on a GPU and name its log before a long start.
@@ -87,6 +88,7 @@ class RunningServer:
             start_new_session=True,  # its own process group: signals reach only it
         )
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.operator_key = _operator_key(list(extra), env or {})
         if wait:
             self.wait_healthy()
 
@@ -104,7 +106,9 @@ class RunningServer:
         raise RuntimeError(f"server not healthy after {timeout} s:\n{self.log()}")
 
     def lifecycle(self) -> dict:
-        r = httpx.get(f"{self.base_url}/debug/lifecycle", timeout=5)
+        key = self.operator_key
+        headers = {"authorization": f"Bearer {key}"} if key else None
+        r = httpx.get(f"{self.base_url}/debug/lifecycle", headers=headers, timeout=5)
         r.raise_for_status()
         return r.json()
 
@@ -133,6 +137,19 @@ class RunningServer:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+def _operator_key(argv: list[str], env: dict[str, str]) -> str | None:
+    """The key that makes a request the operator's on a server started with `argv` and
+    `env`: the admin key, else the API key when it is a single one."""
+
+    def given(flag: str, var: str) -> str | None:
+        return argv[argv.index(flag) + 1] if flag in argv else env.get(var)
+
+    admin, keys = given("--admin-key", "MINISGL_ADMIN_KEY"), given("--api-key", "MINISGL_API_KEY")
+    if admin:
+        return admin
+    return keys if keys and "," not in keys else None
 
 
 # ---------------------------------------------------------------- worker processes (Linux /proc)

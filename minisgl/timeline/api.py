@@ -11,9 +11,11 @@ is not recorded but counted (`late_events`), so a test can prove there are none.
 Consecutive "decode" spans of one process merge into one. The KV page samples that come
 with the scheduler's batches are kept for the last KV_WINDOW_S seconds, at most one a second.
 
-`snapshot(counts, limit, since, request_id)` is the body of GET /debug/requests: at most
-`limit` timelines of each list (in flight, ended newest first), only ended ones after the
-`since`-th end (each ended timeline carries its `seq`), or only those of one request id.
+`snapshot(counts, limit, since, request_id, owner)` is the body of GET /debug/requests: at
+most `limit` timelines of each list (in flight, ended newest first), only ended ones after
+the `since`-th end (each ended timeline carries its `seq`), or only those of one request
+id; with `owner`, only the timelines of requests sent with that API key (its digest), and
+no KV page samples (they tell other tenants' sizes).
 Times are seconds since the request's arrival; prompts and outputs are never recorded.
 
 `ApiTimeline` is the observer (minisgl/observe.py) that fills a store from the
@@ -59,6 +61,7 @@ class Timeline:
     request_id: str
     endpoint: str
     arrival: float  # time.monotonic() when the HTTP request came in
+    owner: str | None = None  # the digest of the API key it came with
     events: list[AnyEvent] = field(default_factory=list)
     ended: set[str] = field(default_factory=set)  # processes whose end is recorded
     prompt_tokens: int = 0
@@ -124,10 +127,17 @@ class Timelines:
         self.ended_count = 0  # requests ended since start (the last `seq`)
 
     def start(
-        self, uid: int, request_id: str, endpoint: str, arrival: float, admitted: float
+        self,
+        uid: int,
+        request_id: str,
+        endpoint: str,
+        arrival: float,
+        admitted: float,
+        owner: str | None = None,
     ) -> None:
-        """`arrival`: the HTTP request came in; `admitted`: its TokenizeMsg went out."""
-        timeline = Timeline(uid, request_id, endpoint, arrival)
+        """`arrival`: the HTTP request came in; `admitted`: its TokenizeMsg went out;
+        `owner`: the digest of its API key."""
+        timeline = Timeline(uid, request_id, endpoint, arrival, owner)
         timeline.add(Received(uid, API, arrival))
         timeline.add(Admitted(uid, API, admitted))
         self.live[uid] = timeline
@@ -173,6 +183,7 @@ class Timelines:
         limit: int = 100,
         since: int = 0,
         request_id: str | None = None,
+        owner: str | None = None,
     ) -> dict[str, Any]:
         """GET /debug/requests: in-flight requests (with their token counts so far, from
         `counts`), ended ones newest first, and the KV page samples; see the module's
@@ -180,6 +191,8 @@ class Timelines:
         now = self.clock()
 
         def wanted(timeline: Timeline) -> bool:
+            if owner is not None and timeline.owner != owner:
+                return False
             return request_id is None or timeline.request_id == request_id
 
         in_flight = []
@@ -201,31 +214,39 @@ class Timelines:
         return {
             "in_flight": in_flight,
             "ended": ended,
-            "in_flight_total": len(self.live),
+            "in_flight_total": sum(map(wanted, self.live.values()))
+            if owner is not None
+            else len(self.live),
             "ended_total": self.ended_count,  # the newest `seq`: pass it as `since` next
             "history": self.history,
             "late_events": self.late_events,
             # (seconds before now, pages used by live requests, cached-only pages, total)
             "kv_pages": [
-                (round(t - now, 3), used, cached, total) for t, used, cached, total in self.kv
+                (round(t - now, 3), used, cached, total)
+                for t, used, cached, total in (self.kv if owner is None else ())
             ],
         }
 
 
 class ApiTimeline(RequestObserver):
     """The FrontendManager's hooks, recorded into `store`; `arrival()` is when the HTTP
-    request being served came in and its path (None: unknown, as outside a server)."""
+    request being served came in and its path (None: unknown, as outside a server),
+    `owner()` the digest of the API key it came with."""
 
     def __init__(
-        self, store: Timelines, arrival: Callable[[], tuple[float, str] | None] = lambda: None
+        self,
+        store: Timelines,
+        arrival: Callable[[], tuple[float, str] | None] = lambda: None,
+        owner: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.store = store
         self.arrival = arrival
+        self.owner = owner
 
     def received(self, state: RequestState, /, **detail: Any) -> None:
         now = self.store.clock()
         arrival, endpoint = self.arrival() or (now, "-")
-        self.store.start(state.uid, state.request_id, endpoint, arrival, now)
+        self.store.start(state.uid, state.request_id, endpoint, arrival, now, self.owner())
 
     def first_output(self, state: RequestState, /) -> None:
         self.store.record(state.uid, FirstOutput)

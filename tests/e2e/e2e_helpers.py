@@ -297,11 +297,14 @@ def dechunk(raw: bytes) -> tuple[bytes, bool]:
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def scrape_metrics(base_url: str) -> Samples:
-    """GET /metrics, parsed: {(sample name, sorted label pairs): value}."""
+def scrape_metrics(server) -> Samples:
+    """The server's GET /metrics (with the operator's key where keys are set), parsed:
+    {(sample name, sorted label pairs): value}."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    r = httpx.get(f"{base_url}/metrics", timeout=10)
+    key = server.operator_key
+    headers = {"authorization": f"Bearer {key}"} if key else None
+    r = httpx.get(f"{server.base_url}/metrics", headers=headers, timeout=10)
     assert r.status_code == 200, r.text
     assert r.headers["content-type"].startswith("text/plain"), r.headers
     samples = {}

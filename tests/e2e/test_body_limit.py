@@ -79,12 +79,12 @@ def test_413_answers_are_counted_as_errors(server):
     """Refused before any route ran, with a declared length or a chunked body alike: each
     is one request that ended with the error body_too_large."""
     body = tokens_body(server, 4)
-    before = scrape_metrics(server.base_url)
+    before = scrape_metrics(server)
     with httpx.Client(timeout=30) as http:
         for content in (_padded(body, MAX_BODY + 1), _chunks(_padded(body, MAX_BODY + 16384))):
             r = _post(http, server, content)
             assert r.status_code == 413
-    after = scrape_metrics(server.base_url)
+    after = scrape_metrics(server)
     assert changed(request_counts(after), request_counts(before)) == {
         ("error", "body_too_large"): 2
     }

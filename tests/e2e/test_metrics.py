@@ -32,7 +32,7 @@ pytestmark = pytest.mark.server(LIMITS_SERVER)
 
 def test_metrics_count_tokens_and_latencies_of_finished_requests(server):
     url = chat_url(server)
-    before = scrape_metrics(server.base_url)
+    before = scrape_metrics(server)
     with httpx.Client(timeout=60) as http:
         usages = []
         for n in (4, 9):
@@ -44,7 +44,7 @@ def test_metrics_count_tokens_and_latencies_of_finished_requests(server):
             assert_completed_stream(r.read())  # ignore_eos + "length": exactly 7 tokens
         usages.append({"prompt_tokens": usages[0]["prompt_tokens"], "completion_tokens": 7})
     server.wait_zero(1.0)
-    after = scrape_metrics(server.base_url)
+    after = scrape_metrics(server)
 
     def grown(name: str, **labels: str) -> float:
         return metric(after, name, **labels) - metric(before, name, **labels)
@@ -66,7 +66,7 @@ def test_metrics_count_tokens_and_latencies_of_finished_requests(server):
 
 def test_metrics_count_each_outcome_and_the_gauges_follow_the_load(server):
     url = chat_url(server)
-    before = scrape_metrics(server.base_url)
+    before = scrape_metrics(server)
     with httpx.Client(timeout=60) as http:
         # finished: two non-streaming, one streaming
         for stream in (False, False, True):
@@ -79,7 +79,7 @@ def test_metrics_count_each_outcome_and_the_gauges_follow_the_load(server):
             parts = r.iter_raw()  # held: dropping the iterator would close the stream
             next(parts)
             wait_state(server, n_running(1))
-            live = scrape_metrics(server.base_url)
+            live = scrape_metrics(server)
         # a client that disconnects before its non-streaming answer
         sock = raw_post(server.port, CHAT_PATH, tokens_body(server, ENDLESS))
         try:
@@ -103,7 +103,7 @@ def test_metrics_count_each_outcome_and_the_gauges_follow_the_load(server):
             assert r.status_code == status, r.text
             assert_error_body(r.json(), code)
     server.wait_zero(1.0)
-    after = scrape_metrics(server.base_url)
+    after = scrape_metrics(server)
 
     assert changed(request_counts(after), request_counts(before)) == {
         ("finished", ""): 3,

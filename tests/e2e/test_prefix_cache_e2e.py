@@ -39,7 +39,7 @@ def _ask(client, server, messages: list[dict], stream: bool = False):
 
 
 def test_later_chat_turns_report_the_history_they_reuse(server, client):
-    before = scrape_metrics(server.base_url)
+    before = scrape_metrics(server)
     messages = [_system(), {"role": "user", "content": "What is a KV cache?"}]
     answer, first = _ask(client, server, messages)
     assert first.prompt_tokens_details.cached_tokens == 0
@@ -54,7 +54,7 @@ def test_later_chat_turns_report_the_history_they_reuse(server, client):
         assert first.prompt_tokens // 4 * 4 - 4 <= cached < usage.prompt_tokens
         assert cached % 4 == 0
     server.wait_zero(1.0)
-    after = scrape_metrics(server.base_url)
+    after = scrape_metrics(server)
     queries = metric(after, "minisgl_prefix_cache_queries_total")
     hits = metric(after, "minisgl_prefix_cache_hits_total")
     assert queries - metric(before, "minisgl_prefix_cache_queries_total") >= 3

@@ -96,7 +96,7 @@ def test_n_choices_through_the_client_stream_iterator(server, client):
 
 
 def test_disconnect_mid_stream_aborts_all_n_choices(server, client):
-    before = scrape_metrics(server.base_url)
+    before = scrape_metrics(server)
     stream = client.completions.create(
         model=server.model_name,
         prompt=PROMPT,
@@ -115,7 +115,7 @@ def test_disconnect_mid_stream_aborts_all_n_choices(server, client):
         stream.close()  # the client goes away mid-stream
     state = server.wait_zero(1.0)
     assert state["scheduler"]["running"] == 0
-    after = scrape_metrics(server.base_url)
+    after = scrape_metrics(server)
     name = "minisgl_requests_total"
     aborted = metric(after, name, outcome="aborted_client", code="")
     assert aborted - metric(before, name, outcome="aborted_client", code="") == 1
@@ -133,7 +133,7 @@ def test_n_choices_prefill_the_prompt_once_and_share_its_pages(server, client):
             while not stop.is_set():
                 samples.append(http.get(f"{server.base_url}/debug/lifecycle").json()["scheduler"])
 
-    before = scrape_metrics(server.base_url)
+    before = scrape_metrics(server)
     sampler = threading.Thread(target=sample)
     sampler.start()
     try:
@@ -152,7 +152,7 @@ def test_n_choices_prefill_the_prompt_once_and_share_its_pages(server, client):
     finally:
         stop.set()
         sampler.join()
-    after = scrape_metrics(server.base_url)
+    after = scrape_metrics(server)
     assert ans.usage.prompt_tokens == prompt_len  # counted once, not n times
     assert ans.usage.completion_tokens == n * max_tokens
     prompt_in = "minisgl_prompt_tokens_total"

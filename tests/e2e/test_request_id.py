@@ -80,7 +80,7 @@ def test_x_request_id_is_echoed_or_generated_on_every_answer(server, case):
 
 @pytest.mark.server(KEY_SERVER)  # its stall timeout is a second: the warning comes soon
 def test_stall_warning_names_the_request_id(server):
-    before = scrape_metrics(server.base_url)
+    before = scrape_metrics(server)
     request_id = "stall-probe-7"
 
     def stall_warnings() -> list[str]:
@@ -107,7 +107,7 @@ def test_stall_warning_names_the_request_id(server):
     assert len(warnings) == 1 and request_id in warnings[0], warnings
     head = received.split(b"\r\n\r\n", 1)[0].lower()
     assert f"x-request-id: {request_id}".encode() in head, head
-    after = scrape_metrics(server.base_url)
+    after = scrape_metrics(server)
     assert changed(request_counts(after), request_counts(before)) == {
         ("aborted_slow_client", ""): 1
     }

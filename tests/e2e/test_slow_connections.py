@@ -4,13 +4,14 @@ request line, headers without their end, a body shorter than declared, a chunked
 never ends) do not keep a prompt client from being served, /health answers, and the slow
 ones are closed: the oldest as soon as the cap needs room, the rest by the timeout, and so
 is a second request on a kept-alive connection that never ends; a body in 1-byte chunks is
-refused. A
+refused, and so is a body that would take the bodies held at once past their budget. A
 request sent slowly but within the timeout is served; a client that half-closes its
 connection after sending is a disconnect (its timeline says so)."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 
@@ -20,12 +21,16 @@ from e2e_helpers import ServerSpec, chat_url, tokens_body
 
 READ_TIMEOUT_S = 2.0
 CAP = 40
+MAX_BODY, MAX_BODIES = 64 << 10, 128 << 10
 pytestmark = pytest.mark.server(
     ServerSpec(
         "llama",
-        ("--request-read-timeout", str(READ_TIMEOUT_S), "--max-connections", str(CAP)),
+        (
+            "--request-read-timeout", str(READ_TIMEOUT_S), "--max-connections", str(CAP),
+            "--max-body-bytes", str(MAX_BODY), "--max-body-bytes-total", str(MAX_BODIES),
+        ),
     )
-)
+)  # fmt: skip
 
 PARTIAL = [
     b"POST /v1/chat/comp",  # half a request line
@@ -154,6 +159,62 @@ def test_a_body_in_tiny_chunks_is_refused_and_one_in_larger_chunks_served(server
     assert httpx.get(server.base_url + "/health", timeout=5).status_code == 200
     answer = _chunked(server, 1024)
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    server.wait_zero(2.0)
+
+
+def _padded_body(server, size: int) -> bytes:
+    """A valid completions body of exactly `size` bytes (the padding is the end-user id)."""
+    head = b'{"model": "%s", "prompt": [5, 6], "max_tokens": 1, "user": "' % (
+        server.model_name.encode()
+    )
+    return head + b"u" * (size - len(head) - 2) + b'"}'
+
+
+def _answer(s: socket.socket) -> bytes:
+    """One whole HTTP answer (with a Content-Length) read from `s`."""
+    s.settimeout(10)
+    answer = b""
+    while b"\r\n\r\n" not in answer and (chunk := s.recv(65536)):
+        answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    (length,) = re.findall(rb"(?i)content-length: (\d+)", head)
+    while len(body) < int(length) and (chunk := s.recv(65536)):
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+def test_bodies_held_at_once_have_a_budget_past_which_a_request_waits(server):
+    """Finding 6 of the round-4 review: a hundred connections each holding a body just under
+    the limit took the API server's memory up by 400 MB. Bodies held at once have a budget
+    (--max-body-bytes-total): the body that crosses it is a 503 with Retry-After; the
+    others are served, and once they are, the budget is whole again."""
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n"
+    )
+    bodies = [_padded_body(server, 60_000) for _ in range(2)]
+    holding = [socket.create_connection(("127.0.0.1", server.port)) for _ in bodies]
+    for s, body in zip(holding, bodies):
+        s.sendall(head % len(body) + body[:-10])  # all but the last bytes: held
+    time.sleep(0.3)  # the route has read what came
+    try:
+        third = _padded_body(server, 40_000)
+        with socket.create_connection(("127.0.0.1", server.port)) as s:
+            s.sendall(head % len(third) + third)
+            answer = _answer(s)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b"retry-after: 1" in answer.lower()
+        error = json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]
+        assert error["code"] == "overloaded" and str(MAX_BODIES) in error["message"]
+        for s, body in zip(holding, bodies):
+            s.sendall(body[-10:])
+            assert _answer(s).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in holding:
+            s.close()
+    url, json_type = server.base_url + "/v1/completions", {"content-type": "application/json"}
+    r = httpx.post(url, content=third, headers=json_type, timeout=30)
+    assert r.status_code == 200, r.text  # the budget is whole again
     server.wait_zero(2.0)
 
 

@@ -308,7 +308,7 @@ async def _round(server: RunningServer, seed: int) -> Tally:
 
 
 def _disconnects(server: RunningServer) -> float:
-    return scrape_metrics(server.base_url)[("minisgl_client_disconnects_total", ())]
+    return scrape_metrics(server)[("minisgl_client_disconnects_total", ())]
 
 
 def _rounds() -> int | None:

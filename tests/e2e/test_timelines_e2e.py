@@ -75,7 +75,7 @@ def assert_consistent(timeline: dict) -> None:
 
 
 def test_each_way_of_ending_shows_in_its_timeline(server):
-    base, started = server.base_url, time.monotonic()
+    started = time.monotonic()
     # a normal request
     body = chat_body(server.model_name, max_tokens=4, ignore_eos=True)
     assert httpx.post(chat_url(server), json=body, headers=_headers("tl-normal")).status_code == 200
@@ -140,7 +140,7 @@ def test_each_way_of_ending_shows_in_its_timeline(server):
     server.wait_zero(5.0)
 
     # the metrics operators know from vLLM
-    text = scrape_metrics(base)
+    text = scrape_metrics(server)
     assert metric(text, "minisgl_e2e_request_latency_seconds_count") >= 1
     assert metric(text, "minisgl_request_queue_time_seconds_count") >= 1
     assert metric(text, "minisgl_request_decode_time_seconds_count") >= 1

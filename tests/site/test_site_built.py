@@ -18,7 +18,8 @@ Contract:
 - Every internal link of every built page (<a href>, <img src>), notebooks included,
   resolves to a file of the site, and its #fragment to an id on the target page.
 - The middleware section of beyond.md names every route the API key protects
-  (`minisgl.server.middleware.PROTECTED` and `PAGES`).
+  (`minisgl.server.middleware.PROTECTED` and `PAGES`, and the operator's routes,
+  `minisgl.server.tenants.OPERATOR_ROUTES`).
 - Each quiz question's exercise is offered (a 动手 box naming its file and
   `pytest tests/quiz --learner -m qN`) on the chapter page that introduces its idea, and
   the minisgl code that answers it appears on the site only folded ("看 minisgl 的写法"),
@@ -275,12 +276,13 @@ def test_every_internal_link_resolves(site):
 # ------------------------------------------------------------------ the key's routes
 def test_every_route_behind_the_api_key_is_named_where_the_key_is_explained():
     from minisgl.server.middleware import PAGES, PROTECTED
+    from minisgl.server.tenants import OPERATOR_ROUTES
 
     text = (CHAPTERS / "beyond.md").read_text()
     section = text[text.index("{#middleware}") :]
     section = section[: section.index("\n## ")]
     tokens = {tok for code in re.findall(r"`([^`]+)`", section) for tok in code.split()}
-    routes = {p.rstrip("/") if p.endswith("/") else p for p in PROTECTED} | set(PAGES)
+    routes = {p.rstrip("/") for p in (*PROTECTED, *OPERATOR_ROUTES)} | set(PAGES)
     missing = sorted(
         r for r in routes if not any(tok.rstrip("*").rstrip("/") == r.rstrip("/") for tok in tokens)
     )

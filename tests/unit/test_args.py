@@ -52,3 +52,17 @@ def test_an_empty_api_key_is_refused_rather_than_turning_authentication_off(
         parse_args(["--api-key", " "] if where == "flag" else [])
     name = "--api-key" if where == "flag" else "$MINISGL_API_KEY"
     assert f"{name} is empty" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--api-key", "a,b", "--admin-key", "b"], "--admin-key must be a key of its own"),
+        (["--admin-key", " "], "--admin-key must be a key of its own"),
+        (["--max-body-bytes", "100", "--max-body-bytes-total", "99"], "at least one"),
+    ],
+)
+def test_an_admin_key_or_body_budget_that_cannot_work_is_refused(argv, said, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    assert said in capsys.readouterr().err

@@ -31,7 +31,7 @@ OTHERS = {
     "--request-read-timeout", "--max-connections", "--worker-heartbeat-timeout",
     "--grammar-compile-timeout", "--grammar-max-bytes", "--escape-special-tokens",
     "--chat-template", "--prompt", "--max-tokens", "--log-level", "--disable-native-decode",
-    "--tool-call-parser",
+    "--tool-call-parser", "--admin-key", "--max-body-bytes-total",
 }  # fmt: skip
 CHOICES = {
     "--device": ["auto", "cpu", "cuda"],
