@@ -33,7 +33,12 @@ from matplotlib import font_manager  # noqa: E402
 
 from minisgl.message import TokenizeMsg  # noqa: E402
 from minisgl.testing.fakes import FakeBackend, listening, make_frontend  # noqa: E402, F401
-from minisgl.testing.server import RunningServer  # noqa: E402
+from minisgl.testing.server import (  # noqa: E402
+    ZERO_FRONTEND,
+    ZERO_SCHEDULER,
+    ZERO_TOKENIZER,
+    RunningServer,
+)
 
 # ---------------------------------------------------------------- plots
 CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK TC")
@@ -97,17 +102,10 @@ class Server(RunningServer):
 
 
 def flat_lifecycle(state: dict) -> dict[str, int]:
-    """/debug/lifecycle as one flat row: the per-uid counters of every component."""
-    sched = state["scheduler"]
-    return {
-        "frontend.requests": state["frontend"]["requests"],
-        "frontend.pending_bytes": state["frontend"]["pending_bytes"],
-        "tokenizer.decode_states": state["tokenizer"]["decode_states"],
-        "scheduler.pending": sched["pending"],
-        "scheduler.running": sched["running"],
-        "scheduler.table_slots_used": sched["table_slots_used"],
-        "scheduler.kv_pages_used": sched["kv_pages_used"],
-    }
+    """/debug/lifecycle as one flat row: every per-uid counter of every component (the
+    same ones the tests' zero check reads, so a counter added there shows here too)."""
+    parts = {"frontend": ZERO_FRONTEND, "tokenizer": ZERO_TOKENIZER, "scheduler": ZERO_SCHEDULER}
+    return {f"{part}.{key}": state[part][key] for part, zero in parts.items() for key in zero}
 
 
 # ---------------------------------------------------------------- timelines

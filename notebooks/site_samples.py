@@ -102,6 +102,25 @@ def text_chunks(events: list) -> int:
     )
 
 
+def chunks_against_tokens(tokens: int, n_text: int, reason: str) -> str:
+    """The sentence under the 4.4 sample: why its text chunks are fewer than its tokens."""
+    said = (
+        f"这次生成了 {tokens} 个 token（`usage.completion_tokens`），带文本的数据块有 {n_text} 个"
+    )
+    eos = 1 if reason == "stop" and n_text < tokens else 0
+    merged = tokens - n_text - eos
+    why = []
+    if eos:
+        why.append(f"最后一个 token 是 EOS，只带来了 `{reason}`，不产生文本")
+    if merged > 0:
+        why.append(
+            f"{'另外' if eos else '其中'} {merged} 个 token 的文本和别的 token 进了同一个数据块"
+            "（客户端还没读走上一块时，"
+            "缓冲区把新来的文本合在一起，见第 3.2 节；半个 UTF-8 字符也要等下一个 token 补全）"
+        )
+    return said + ("：" + "；".join(why) if why else f"，结束原因是 `{reason}`") + "。"
+
+
 # ---------------------------------------------------------------- the session
 class Session:
     def __init__(self, out: Path) -> None:
@@ -353,16 +372,7 @@ def _http_session(s: Session) -> None:
     final = events[-2]["usage"]
     reason = finish_reason(events)
     n_text = text_chunks(events)
-    why = (
-        f"最后一个 token 是 EOS：它不产生文本，只带来了 `{reason}`"
-        if n_text < final["completion_tokens"] and reason == "stop"
-        else f"结束原因是 `{reason}`"
-    )
-    s.write(
-        "usage-stream.md",
-        f"这次生成了 {final['completion_tokens']} 个 token（`usage.completion_tokens`），"
-        f"带文本的数据块有 {n_text} 个；{why}。",
-    )
+    s.write("usage-stream.md", chunks_against_tokens(final["completion_tokens"], n_text, reason))
 
     # -------- the whole run, as /metrics counts it; /health; the idle state
     s.write(
