@@ -9,12 +9,16 @@ Contract:
   skips the self-test: it is about the material, not about the learner's answers.
 - `-m q3` selects one question: every quiz test carries its question's marker.
 - A test gets its question's module from the `exercise` fixture, found by its marker.
-  In a learner's run, each failure names the file to edit.
+- A learner's run prints no tracebacks: at its end, one short message per question that
+  failed (in Chinese, as the chapter): how many of its tests failed, the file to edit,
+  what the first failing test observed, the first hint of the exercise's docstring and the
+  command to check again. `--tb=short` (or any --tb) brings the tracebacks back.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 from pathlib import Path
 from types import ModuleType
 
@@ -22,6 +26,7 @@ import pytest
 from quiz_material import EXERCISES, QUESTIONS, QUIZ, ROOT, SOLUTIONS, load
 
 SELF_TEST = "test_exercises_work.py"
+FAILED = pytest.StashKey[dict]()  # question -> [tests failed, what the first one observed]
 TEST_TIMEOUT = 30  # seconds; a quiz test takes well under one
 
 
@@ -38,6 +43,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, (_, question) in QUESTIONS.items():
         config.addinivalue_line("markers", f"{name}: quiz question {name[1:]}: {question}")
+    config.stash[FAILED] = {}
+    if learner_dir(config) is not None and config.getoption("tbstyle") == "auto":
+        config.option.tbstyle = "no"  # the summary below says it in a few lines instead
+        config.option.reportchars = ""
 
 
 def learner_dir(config: pytest.Config) -> Path | None:
@@ -85,8 +94,61 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     where = learner_dir(item.config)
     if report.failed and where is not None and "exercise" in getattr(item, "fixturenames", ()):
-        filename = QUESTIONS[question_of(item)][0]
-        path = where / filename
-        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
-        report.sections.append(("exercise", f"this test checks your file {shown}"))
+        question = question_of(item)
+        report.sections.append(("exercise", f"这个测试检查你的文件 {_shown(where, question)}"))
+        failed = item.config.stash[FAILED].setdefault(question, [0, _observed(call)])
+        failed[0] += 1
     return report
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    where = learner_dir(config)
+    failed = config.stash.get(FAILED, {})
+    if where is None or not failed:
+        return
+    terminalreporter.section("测验：还没通过的题")
+    for question in sorted(failed):
+        count, observed = failed[question]
+        terminalreporter.write_line(
+            f"第 {question[1:]} 题：{count} 个测试没通过。要改的文件：{_shown(where, question)}"
+        )
+        terminalreporter.write_line(f"  看到的：{observed}")
+        hint = _first_hint(where / QUESTIONS[question][0])
+        if hint:
+            terminalreporter.write_line(f"  提示：{hint}")
+        terminalreporter.write_line(f"  再检查：pytest tests/quiz --learner -m {question}")
+
+
+def _shown(where: Path, question: str) -> Path:
+    path = where / QUESTIONS[question][0]
+    return path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+
+
+def _observed(call: pytest.CallInfo) -> str:
+    """What the failing test saw, in a line."""
+    if call.excinfo is None:
+        return "（测试没有说明）"
+    if call.excinfo.errisinstance(NotImplementedError):
+        return "还没有写：文件里还是练习的初始代码（NotImplementedError）"
+    lines = str(call.excinfo.value).strip().splitlines()
+    first = lines[0] if lines else call.excinfo.typename
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def _first_hint(path: Path) -> str | None:
+    """The first hint in the exercise file's docstring (the bullet after 提示 or Hints)."""
+    try:
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    except (OSError, SyntaxError):
+        return None
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().rstrip("：:") in ("提示", "Hints"):
+            hint = []
+            for more in lines[i + 1 :]:
+                if hint and (more.startswith("- ") or not more.strip()):
+                    break
+                if more.startswith("- ") or hint:
+                    hint.append(more.strip().removeprefix("- "))
+            return " ".join(hint) or None
+    return None

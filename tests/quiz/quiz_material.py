@@ -33,18 +33,18 @@ QUESTIONS = {
 
 # faulty design: (its question, what a failure of that question's tests must say)
 FAULTY = {
-    "q1_calls_generate_on_the_loop.py": ("q1", "the event loop stood still"),
-    "q3_event_only.py": ("q3", "an event is a flag and holds no data"),
-    "q3_list_only.py": ("q3", "never woke"),
-    "q4_take_await_clear.py": ("q4", "a wake-up was lost"),
-    "q4_spins.py": ("q4", "polls or spins"),
-    "q4_polls.py": ("q4", "polls or spins"),
-    "q5_creates_state.py": ("q5", "created state"),
-    "q6_headers_first.py": ("q6", "sent before the first output"),
-    "q7_cleanup_after_the_yield.py": ("q7", "its request's state is not gone"),
-    "q7_awaits_on_the_way_out.py": ("q7", "cancelled a second time on its way out"),
-    "q7_aborts_always.py": ("q7", "although the terminal reply had arrived"),
-    "q7_cleans_up_later.py": ("q7", "is still in `states`"),
+    "q1_calls_generate_on_the_loop.py": ("q1", "事件循环一圈也没转"),
+    "q3_event_only.py": ("q3", "事件只是一个标志，不携带数据"),
+    "q3_list_only.py": ("q3", "永远醒不过来"),
+    "q4_take_await_clear.py": ("q4", "一次唤醒丢了"),
+    "q4_spins.py": ("q4", "轮询或空转"),
+    "q4_polls.py": ("q4", "轮询或空转"),
+    "q5_creates_state.py": ("q5", "创建了状态"),
+    "q6_headers_first.py": ("q6", "在第一个输出之前就发了"),
+    "q7_cleanup_after_the_yield.py": ("q7", "它的请求状态却还在"),
+    "q7_awaits_on_the_way_out.py": ("q7", "在退出途中又被取消了一次"),
+    "q7_aborts_always.py": ("q7", "终止回复已经到了，却还是发了 AbortMsg"),
+    "q7_cleans_up_later.py": ("q7", "却还在 `states` 里"),
 }
 
 _loaded: dict[Path, ModuleType] = {}
@@ -55,7 +55,7 @@ def load(path: Path) -> ModuleType:
     path = path.resolve()
     if path not in _loaded:
         if not path.is_file():
-            raise FileNotFoundError(f"no exercise file {path}")
+            raise FileNotFoundError(f"找不到练习文件 {path}")
         spec = importlib.util.spec_from_file_location(f"quiz_{path.parent.name}_{path.stem}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

@@ -56,8 +56,8 @@ sys.exit(pytest.main(sys.argv[1:]))
 pytestmark = pytest.mark.timeout(900)  # several runs of the quiz
 
 EDITED = (
-    " (this checks the exercises as committed; if you have edited them, check your answers"
-    " with `pytest tests/quiz --learner` instead)"
+    "（这里检查的是提交时的练习文件；如果你已经改过它们，请改用"
+    " `pytest tests/quiz --learner` 检查你的答案）"
 )
 # plugins that the quiz does not use: leaving them out only saves start-up time
 UNUSED_PLUGINS = ["-p", "no:nbmake", "-p", "no:hypothesispytest", "-p", "no:schemathesis"]
@@ -155,11 +155,11 @@ def test_untouched_exercises_fail_and_every_failure_names_its_file(runs):
     failed = {test_id: msg for test_id, msg in stubs_run.results.items() if msg is not None}
     for question, (filename, _) in QUESTIONS.items():
         mine = [msg for test_id, msg in failed.items() if question_of(test_id) == question]
-        assert mine, f"no test of {question} fails on tests/quiz/exercises/{filename}{EDITED}"
+        assert mine, f"{question} 没有一个测试在 tests/quiz/exercises/{filename} 上失败{EDITED}"
     for test_id, msg in failed.items():
         filename = QUESTIONS[question_of(test_id)][0]
-        assert f"edit tests/quiz/exercises/{filename}" in msg, (
-            f"{test_id} fails without naming the file to edit{EDITED}: {msg}"
+        assert f"编辑 tests/quiz/exercises/{filename}" in msg, (
+            f"{test_id} 失败了，却没有说出要编辑的文件{EDITED}：{msg}"
         )
 
 

@@ -143,7 +143,7 @@ async def test_awaiting_the_reply_lets_other_connections_run_meanwhile():
 
 async def test_it_returns_what_generate_returns_and_passes_on_its_errors(exercise):
     got = await exercise.generate_off_the_loop(str.upper, "kv cache")
-    assert got == "KV CACHE", f"it must return what generate returned; it returned {got!r}"
+    assert got == "KV CACHE", f"它必须返回 generate 的返回值；它返回的是 {got!r}"
 
     def failing(prompt: str) -> str:
         raise ValueError(f"cannot generate for {prompt}")
@@ -177,18 +177,17 @@ async def test_the_loop_keeps_running_while_generate_holds_its_thread(exercise):
         fallback.cancel()
         ticker.cancel()
     assert ticks["end"] - ticks["start"] > 0, (
-        "the event loop stood still while generate ran: every other connection waited"
+        "generate 运行期间，事件循环一圈也没转：其他每个连接都只能等着"
     )
 
 
 async def test_a_route_using_it_answers_another_connection_meanwhile(exercise):
     probe = await run_scenario("exercise", exercise)
     assert probe.ticks_during["exercise"] > 0, (
-        "the event loop stood still while the route's generate ran: every other connection waited"
+        "路由里的 generate 运行期间，事件循环一圈也没转：其他每个连接都只能等着"
     )
     assert probe.log == ["exercise:start", "ping", "exercise:end"], (
-        "the second connection (/ping) was answered only after the first request ended "
-        f"(order: {probe.log}): the route held the event loop"
+        f"第二个连接（/ping）要等第一个请求结束才得到回答（顺序：{probe.log}）：路由占住了事件循环"
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import msgspec
 import pytest
 from fastapi import FastAPI
 from quiz_helpers import MODEL, answer, app_client, app_for, chat_body
@@ -143,39 +144,41 @@ async def message_of_the_route(req: ChatCompletionRequest, uid: int) -> Tokenize
 async def test_your_message_is_the_one_the_chat_route_sends(exercise, fields):
     req = parse(**fields)
     mine = exercise.tokenize_msg(req, 7, tools_of(req))
-    assert isinstance(mine, TokenizeMsg), f"tokenize_msg must return a TokenizeMsg, not {mine!r}"
+    assert isinstance(mine, TokenizeMsg), f"tokenize_msg 必须返回一个 TokenizeMsg，而不是 {mine!r}"
     assert mine == await message_of_the_route(req, 7), (
-        "your TokenizeMsg differs from the one the chat route sends the tokenizer worker for "
-        "this request (the comparison below shows where)"
+        "你的 TokenizeMsg 和聊天路由为这个请求发给 Tokenizer Worker 的那条不一样"
+        "（下面的比较显示了差在哪里）"
     )
 
 
 def test_messages_become_the_chat_template_input(exercise):
     msg = exercise.tokenize_msg(parse(), 3, None)
-    assert msg.uid == 3, "the message must carry the request's uid"
+    assert msg.uid == 3, "消息必须带着请求的 uid"
     assert msg.messages == [
         {"role": "system", "content": "用中文回答。"},  # the template's name for "developer"
         {"role": "user", "content": "什么是 KV Cache？"},  # text parts joined
     ], (
-        "`messages` must reach the tokenizer worker as the chat template's input: "
-        "ChatMessage.as_template_input() of each (developer -> system, text parts joined)"
+        "`messages` 必须作为聊天模板的输入到达 Tokenizer Worker：每条消息的 "
+        "ChatMessage.as_template_input()（developer 改为 system，文本分段拼接）"
     )
     assert msg.text is None and msg.input_ids_packed is None, (
-        "a chat request carries messages only: the worker's chat template builds the prompt"
+        "聊天请求只带 messages：prompt 由 worker 的聊天模板构造"
     )
 
 
 def test_either_name_of_max_tokens_reaches_the_scheduler(exercise):
     for name in ("max_tokens", "max_completion_tokens"):
         got = exercise.tokenize_msg(parse(**{name: 64}), 0, None).sampling_params.max_tokens
-        assert got == 64, f"`{name}: 64` must reach the scheduler as SamplingParams.max_tokens"
+        assert got == 64, f"`{name}: 64` 必须作为 SamplingParams.max_tokens 到达 Scheduler"
     got = exercise.tokenize_msg(parse(), 0, None).sampling_params.max_tokens
-    assert got is None, "without a limit the scheduler decides (the room left): max_tokens None"
+    assert got is None, "没有给上限时由 Scheduler 决定（用剩下的空间）：max_tokens 为 None"
 
 
 async def test_the_fields_you_name_are_exactly_those_that_reach_no_worker(exercise):
     named = exercise.frontend_only_fields()
-    assert set(VARIANTS) == set(ChatCompletionRequest.model_fields), "vary every field"
+    assert set(VARIANTS) == set(ChatCompletionRequest.model_fields), (
+        "每个字段都要改变一次：VARIANTS 必须覆盖请求模型的全部字段"
+    )
     silent = set()  # fields whose change changes no message
     for field, (base, varied) in VARIANTS.items():
         before = await message_of_the_route(parse(**base), 0)
@@ -183,10 +186,10 @@ async def test_the_fields_you_name_are_exactly_those_that_reach_no_worker(exerci
         if before == after:
             silent.add(field)
     reaching = sorted(set(named) - silent)
-    assert not reaching, "these fields do change the message sent to the tokenizer worker"
+    assert not reaching, "这些字段确实会改变发给 Tokenizer Worker 的消息"
     missing = silent - set(named)
     if missing:  # not named here: finding them is the exercise
-        pytest.fail(f"{len(missing)} more field(s) of ChatCompletionRequest never reach a worker")
+        pytest.fail(f"ChatCompletionRequest 还有 {len(missing)} 个字段永远到不了 worker")
 
 
 # ---------------------------------------------------------------- minisgl
@@ -211,7 +214,10 @@ async def test_minisgl_through_the_real_app_the_worker_receives_the_same_message
         resp = await client.post("/v1/chat/completions", json=body)
         await wait_until(lambda: frontend.states == {})
     (msg,) = backend.tokenized()  # what crossed into the tokenizer worker
-    assert msg == await message_of_the_route(parse(stream=stream, max_tokens=128), msg.uid)
+    # the route's message, stamped on its way out with who sent it (the client's address)
+    routed = await message_of_the_route(parse(stream=stream, max_tokens=128), msg.uid)
+    assert msg.client.startswith("address ")
+    assert msg == msgspec.structs.replace(routed, client=msg.client)
     if stream:
         assert resp.headers["content-type"].startswith("text/event-stream")
         assert resp.text.endswith("data: [DONE]\n\n")

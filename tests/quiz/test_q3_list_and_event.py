@@ -42,42 +42,40 @@ def test_replies_delivered_before_the_consumer_looks_are_all_kept(exercise):
     inbox = exercise.ReplyInbox()
     inbox.deliver(reply("KV", 1))
     inbox.deliver(reply(" Cache", 2))  # the consumer has not run in between
-    assert inbox.event.is_set(), "two replies were delivered, and the event is not set"
+    assert inbox.event.is_set(), "送来了两条回复，事件却没有置位"
     taken = inbox.take()
     assert taken.text == "KV Cache", (
-        f"two replies arrived before the consumer looked, it got {taken.text!r}: an event is a "
-        "flag and holds no data, the replies must wait in a buffer"
+        f"消费者来看之前到了两条回复，它拿到的是 {taken.text!r}：事件只是一个标志，"
+        "不携带数据，回复必须在缓冲区里等着"
     )
-    assert not taken.finished, "no terminal reply was delivered"
+    assert not taken.finished, "还没有送来终止回复"
 
 
 async def test_a_waiting_consumer_is_woken_by_a_delivery(exercise):
     inbox = exercise.ReplyInbox()
     waiter = asyncio.create_task(inbox.event.wait())
     await settle()
-    assert not waiter.done(), "nothing was delivered, yet the event is set"
+    assert not waiter.done(), "什么都没送来，事件却已经置位"
     inbox.deliver(reply("KV", 1))
     try:
         await asyncio.wait_for(waiter, WAKE_TIMEOUT)
     except asyncio.TimeoutError:
-        pytest.fail("a reply was delivered, but the consumer waiting on `event` never woke")
-    assert inbox.take().text == "KV", "the delivered text was not there to take"
+        pytest.fail("送来了一条回复，等在 `event` 上的消费者却永远醒不过来")
+    assert inbox.take().text == "KV", "送来的文本取不到"
 
 
 def test_a_reply_without_news_wakes_nobody(exercise):
     inbox = exercise.ReplyInbox()
     inbox.deliver(reply("", 1))  # e.g. the first byte of a character: counts only
-    assert not inbox.event.is_set(), "woken for nothing: the consumer would take nothing"
-    assert inbox.take() == ("", False), "a reply with no text and no end leaves nothing to take"
+    assert not inbox.event.is_set(), "白白叫醒：消费者什么也取不到"
+    assert inbox.take() == ("", False), "没有文本、也没有结束的回复，不留下任何可取的东西"
 
 
 def test_the_terminal_reply_wakes_even_without_text(exercise):
     inbox = exercise.ReplyInbox()
     inbox.deliver(reply("", 3, last=True))
-    assert inbox.event.is_set(), (
-        "the terminal reply must wake the consumer even without text: else it waits for ever"
-    )
-    assert inbox.take().finished, "the terminal reply was delivered, take() must say so"
+    assert inbox.event.is_set(), "终止回复即使没有文本，也必须叫醒消费者：否则消费者会永远等下去"
+    assert inbox.take().finished, "终止回复已经送到，take() 必须说明这一点"
 
 
 def test_take_returns_the_text_in_order_and_leaves_nothing_pending(exercise):
@@ -85,10 +83,10 @@ def test_take_returns_the_text_in_order_and_leaves_nothing_pending(exercise):
     for i, piece in enumerate(["什么", "是 ", "KV"]):
         inbox.deliver(reply(piece, i + 1))
     got = inbox.take().text
-    assert got == "什么是 KV", f"take() must return all text since the last take, in order: {got!r}"
-    assert inbox.take().text == "", "taken once, the text must be gone"
+    assert got == "什么是 KV", f"take() 必须按顺序返回上次取走之后的全部文本：{got!r}"
+    assert inbox.take().text == "", "取走一次之后，文本必须不在了"
     inbox.deliver(reply("？", 4, last=True))
-    assert inbox.take() == ("？", True), "the terminal reply's text and the end, together"
+    assert inbox.take() == ("？", True), "终止回复的文本和结束，要一起取到"
 
 
 # ---------------------------------------------------------------- the contrast

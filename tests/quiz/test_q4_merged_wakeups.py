@@ -122,8 +122,8 @@ def loop_hold_limit(seconds: float) -> Iterator[None]:
 
     def stop(signum, frame):
         raise AssertionError(
-            f"the consumer held the event loop for {seconds} s without awaiting: it spins "
-            "in a loop with no `await`, so the listener can never deliver a reply"
+            f"消费者占住事件循环 {seconds} 秒都没有 await：它在一个没有 `await` 的循环里"
+            "空转，监听协程永远没法送来回复"
         )
 
     previous = signal.signal(signal.SIGALRM, stop)
@@ -157,10 +157,10 @@ async def test_five_replies_one_wakeup_one_output_holding_all_five(exercise):
             with loop_hold_limit(HOLD_LIMIT):
                 out = await asyncio.wait_for(anext(outputs), 2.0)
             assert out.text == "".join(PIECES), (
-                f"five replies were waiting, one wake-up should take all five; got {out.text!r}"
+                f"五条回复在等着，一次唤醒应该把五条全部取走；拿到的是 {out.text!r}"
             )
-            assert out.completion_tokens == len(PIECES), "the output's token count is stale"
-            assert state.buffer.pending_bytes == 0, "text was left in the buffer after the take"
+            assert out.completion_tokens == len(PIECES), "输出里的 token 数是旧的"
+            assert state.buffer.pending_bytes == 0, "取走之后，缓冲区里还留着文本"
             await outputs.aclose()
 
 
@@ -169,12 +169,9 @@ async def test_a_reply_landing_while_the_consumer_is_away_is_not_lost(exercise):
         with loop_hold_limit(HOLD_LIMIT):
             texts = await replies_right_after_each_take(exercise.wait_for_ack, timeout=2.0)
     except asyncio.TimeoutError:
-        pytest.fail(
-            "a wake-up was lost: a reply waits in the buffer, the event is clear, "
-            "and the consumer waits for ever"
-        )
-    assert "".join(texts) == "".join(PIECES), f"replies were lost or reordered: got {texts}"
-    assert all(texts), "an output without news: a wake-up for nothing"
+        pytest.fail("一次唤醒丢了：回复躺在缓冲区里，事件却已经复位，消费者永远等着")
+    assert "".join(texts) == "".join(PIECES), f"回复丢了或者乱了顺序：拿到的是 {texts}"
+    assert all(texts), "一个没有新内容的输出：白白唤醒了一次"
 
 
 async def test_with_nothing_pending_the_consumer_waits_on_the_event(exercise):
@@ -185,24 +182,23 @@ async def test_with_nothing_pending_the_consumer_waits_on_the_event(exercise):
             backend.inject(reply(state.uid, 0))
             with loop_hold_limit(HOLD_LIMIT):
                 first = await asyncio.wait_for(anext(outputs), 2.0)
-            assert first.text == PIECES[0], f"expected the first reply's text, got {first.text!r}"
+            assert first.text == PIECES[0], f"应该是第一条回复的文本，拿到的是 {first.text!r}"
 
             suspensions = [0]
             nxt = asyncio.ensure_future(counting(anext(outputs), suspensions))
             with loop_hold_limit(HOLD_LIMIT):
                 await settle(IDLE_ROUNDS)  # nothing arrives: loop iterations ...
                 await asyncio.sleep(IDLE_SECONDS)  # ... and real time
-            assert not nxt.done(), "the loop went on with nothing new to take"
+            assert not nxt.done(), "没有新东西可取，循环却继续往下走了"
             idle = suspensions[0]
             backend.inject(reply(state.uid, 1))
             await settle()  # the listener sets the event; a waiting consumer runs at once
             assert idle <= 1, (
-                f"with nothing new to take the consumer woke up {idle - 1} times: it polls or "
-                "spins (asleep on a timer or on asyncio.sleep(0)) instead of waiting on the event"
+                f"没有新东西可取，消费者却醒了 {idle - 1} 次：它在轮询或空转"
+                "（睡在定时器或 asyncio.sleep(0) 上），而不是等在事件上"
             )
             assert nxt.done(), (
-                "a reply arrived and set the event, but the consumer did not wake: it sleeps "
-                "on a timer and polls the buffer instead of waiting on the event"
+                "回复到了、事件也置位了，消费者却没有醒：它睡在定时器上轮询缓冲区，而不是等在事件上"
             )
             assert nxt.result().text == PIECES[1]
             await outputs.aclose()
@@ -221,11 +217,11 @@ async def test_the_generator_ends_after_the_terminal_output(exercise):
                 with loop_hold_limit(HOLD_LIMIT):
                     outputs = await asyncio.wait_for(every_output(), 1.0)
             except asyncio.TimeoutError:
-                pytest.fail("the terminal output came, but the generator went on waiting")
+                pytest.fail("终止输出已经来了，生成器却还在等")
     assert len(outputs) == 1 and outputs[0].finished, (
-        "both replies, the terminal one included, were pending: one output, the terminal one"
+        "两条回复（包括终止回复）都在等着被取：应该只有一个输出，而且是终止输出"
     )
-    assert outputs[0].text == "".join(PIECES[:2]), f"text lost: got {outputs[0].text!r}"
+    assert outputs[0].text == "".join(PIECES[:2]), f"文本丢了：拿到的是 {outputs[0].text!r}"
     assert frontend.states == {} and backend.aborts() == []
 
 

@@ -57,17 +57,15 @@ def test_a1_b1_b2_a2_each_request_gets_only_its_own(exercise, one_batch):
     order = [reply(3, "A1"), reply(8, "B1"), reply(8, "B2", True), reply(3, "A2", True)]
     for batch in [order] if one_batch else [[r] for r in order]:
         exercise.route(states, batch)
-    assert set(states) == {3, 8}, f"route may not add or remove states: {sorted(states)}"
+    assert set(states) == {3, 8}, f"route 不能增加或删除状态：{sorted(states)}"
     a, b = states[3], states[8]
     texts = (a.buffer.take().text, b.buffer.take().text)
     assert texts == ("A1A2", "B1B2"), (
-        f"A1 B1 B2 A2 must reach only their own request, in order; A got {texts[0]!r}, "
-        f"B got {texts[1]!r}"
+        f"A1 B1 B2 A2 必须只到达各自的请求，并保持顺序；A 得到 {texts[0]!r}，B 得到 {texts[1]!r}"
     )
-    assert a.event.is_set() and b.event.is_set(), "a request got news and was not woken"
+    assert a.event.is_set() and b.event.is_set(), "一个请求有了新东西，却没有被叫醒"
     assert a.terminal and b.terminal, (
-        "the terminal reply must mark the state terminal: else its scope sends an AbortMsg "
-        "for a request that already ended"
+        "终止回复必须把状态标记为 terminal：否则它的作用域会为一个已经结束的请求发 AbortMsg"
     )
 
 
@@ -75,30 +73,29 @@ def test_a_reply_for_a_uid_without_state_is_dropped_and_creates_none(exercise):
     states = {3: RequestState(3)}
     exercise.route(states, [reply(99, "late"), reply(3, "A1")])
     assert list(states) == [3], (
-        f"a late reply (uid 99 has no state) created state: {sorted(states)}; no scope will "
-        "ever remove it"
+        f"迟到的回复（uid 99 没有状态）创建了状态：{sorted(states)}；没有哪个作用域会删除它"
     )
-    assert states[3].buffer.take().text == "A1", "the reply after the late one was lost"
+    assert states[3].buffer.take().text == "A1", "迟到的回复后面那条回复丢了"
 
 
 def test_a_reply_after_the_terminal_one_is_dropped(exercise):
     state = RequestState(3)
     exercise.route({3: state}, [reply(3, "A1", last=True)])
     state.event.clear()
-    assert state.buffer.take().text == "A1", "the terminal reply's text was not delivered"
+    assert state.buffer.take().text == "A1", "终止回复的文本没有送到"
     exercise.route({3: state}, [reply(3, "late")])
     assert state.buffer.pending_bytes == 0 and not state.event.is_set(), (
-        "a reply after the terminal one is late: it must be dropped, not delivered"
+        "终止回复之后的回复是迟到的：必须丢掉，而不是送进缓冲区"
     )
 
 
 def test_a_reply_without_news_wakes_nobody(exercise):
     state = RequestState(3)
     exercise.route({3: state}, [UserReply(3, "", completion_tokens=1)])  # counts only
-    assert not state.event.is_set(), "woken for a reply without news (append returned False)"
-    assert not state.terminal, "a reply that is not the terminal one marked the state terminal"
+    assert not state.event.is_set(), "为一条没有新东西的回复叫醒了消费者（append 返回的是 False）"
+    assert not state.terminal, "一条不是终止回复的回复把状态标记成了 terminal"
     exercise.route({3: state}, [reply(3, "A1")])
-    assert state.event.is_set(), "a reply with text did not wake the consumer"
+    assert state.event.is_set(), "一条带文本的回复没有叫醒消费者"
 
 
 # ---------------------------------------------------------------- three components
@@ -134,8 +131,8 @@ async def until_done(tasks: Iterable[asyncio.Task], listener: asyncio.Task) -> N
         while not all(t.done() for t in tasks):
             if listener.done():
                 listener.result()  # the listener's error, if it raised one
-                raise AssertionError("the listener stopped")
-            assert loop.time() < deadline, "a consumer still waits: a reply missed its request"
+                raise AssertionError("监听协程停了")
+            assert loop.time() < deadline, "有个消费者还在等：某条回复没有到达它的请求"
             await asyncio.sleep(0.005)
     finally:
         for task in tasks:
@@ -202,13 +199,13 @@ async def test_through_three_components_each_gets_its_own_and_nothing_is_left(ex
     got, left, aborts, b = await run_ours(exercise.route, scenario)
     cancelled = scenario == "b_cancelled_after_b1"
     want = {"A": TEXT["A"], "B": TEXT["B"][:1] if cancelled else TEXT["B"]}
-    assert got == want, f"each consumer must get exactly its own text: got {got}, want {want}"
+    assert got == want, f"每个消费者必须恰好得到自己的文本：得到 {got}，应为 {want}"
     assert left == {"frontend": 0, "tokenizer": 0, "scheduler": 0}, (
-        f"state left behind once the requests were over: {left}"
+        f"请求都结束了，还留着状态：{left}"
     )
     assert aborts == ([b] if cancelled else []), (
-        f"AbortMsg sent for {aborts}: only a request that left before its terminal reply "
-        "(the cancelled B) is aborted, exactly once"
+        f"为 {aborts} 发了 AbortMsg：只有在终止回复之前离开的请求（被取消的 B）"
+        "才被中止，而且恰好一次"
     )
 
 

@@ -90,7 +90,7 @@ class Wire:
     def bodies(self) -> list[dict[str, Any]]:
         bodies = self.messages[1:]
         assert bodies and all(m["type"] == "http.response.body" for m in bodies)
-        assert not bodies[-1].get("more_body", False), "the response was never ended"
+        assert not bodies[-1].get("more_body", False), "响应始终没有结束"
         return bodies
 
     @property
@@ -113,45 +113,45 @@ async def test_nothing_is_sent_before_the_first_output(exercise):
     await settle()
     if task.done():
         task.result()  # its error, if it raised one
-    assert wire.messages == [], "sent before the first output: an error could not get a status"
+    assert wire.messages == [], "在第一个输出之前就发了消息：这样错误就没法再有自己的状态码"
     gate.set()
     await asyncio.wait_for(task, 2.0)
-    assert wire.start["status"] == 200, "a stream that begins well is a 200"
+    assert wire.start["status"] == 200, "顺利开始的流是 200"
 
 
 async def test_role_text_finish_reason_and_done_in_order(exercise):
     wire = await stream(exercise, STREAM)
-    assert wire.start["status"] == 200, "a stream that begins well is a 200"
+    assert wire.start["status"] == 200, "顺利开始的流是 200"
     assert wire.header(b"content-type").startswith(b"text/event-stream"), (
-        "an SSE stream is sent as text/event-stream"
+        "SSE 流以 text/event-stream 发送"
     )
     payloads = sse_payloads(wire.raw)  # every event: "data: " + payload + blank line
-    assert payloads[-1] == "[DONE]", "the stream must end with data: [DONE]"
+    assert payloads[-1] == "[DONE]", "流必须以 data: [DONE] 结束"
     chunks = [ChatCompletionChunk.model_validate(json.loads(p)) for p in payloads[:-1]]
     assert {c.id for c in chunks} == {chunks[0].id} and chunks[0].id.startswith("chatcmpl-"), (
-        "every chunk of one stream carries the same chatcmpl-… id"
+        "同一条流的每个数据块都带着同一个 chatcmpl-… id"
     )
     assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks), (
-        "every chunk is a chat.completion.chunk naming the model"
+        "每个数据块都是写明模型名的 chat.completion.chunk"
     )
 
     deltas = [c.choices[0].delta for c in chunks]
     reasons = [c.choices[0].finish_reason for c in chunks]
     # the first chunk: the role, together with the first text
     assert deltas[0].role == "assistant" and deltas[0].content == PIECES[0], (
-        "the first chunk carries the role assistant together with the first text"
+        "第一个数据块带着角色 assistant，连同第一段文本"
     )
     # then the text increments, content only
     assert [d.content for d in deltas[1:-1]] == [*PIECES[1:], LAST], (
-        "after the first chunk, each carries only the new text of its output"
+        "第一个数据块之后，每个数据块只带它那个输出的新文本"
     )
-    assert all(d.role is None for d in deltas[1:]), "only the first chunk carries the role"
+    assert all(d.role is None for d in deltas[1:]), "只有第一个数据块带角色"
     # then an empty delta with the finish reason, the only one that has one
     assert deltas[-1].content is None and deltas[-1].role is None, (
-        "the finish_reason comes in a chunk of its own, with an empty delta"
+        "finish_reason 单独放在一个 delta 为空的数据块里"
     )
     assert reasons == [None] * (len(chunks) - 1) + ["stop"], (
-        f"only the last chunk has a finish_reason: {reasons}"
+        f"只有最后一个数据块带 finish_reason：{reasons}"
     )
 
 
@@ -159,17 +159,17 @@ async def test_one_send_per_output_and_the_end_goes_out_in_the_last(exercise):
     merged = [[text(0, PIECES[0]), text(1, PIECES[1])], [text(2, PIECES[2]), the_end()]]
     wire = await stream(exercise, merged)  # two wake-ups, two replies each
     bodies = wire.bodies
-    assert len(bodies) == 2, f"two outputs, so two sends of the body; there were {len(bodies)}"
+    assert len(bodies) == 2, f"两个输出，所以响应体要发两次；实际发了 {len(bodies)} 次"
     first, last = bodies
-    assert first.get("more_body") is True, "the response must stay open after the first send"
+    assert first.get("more_body") is True, "第一次发送之后，响应必须保持打开"
     (payload,) = sse_payloads(first["body"])
     assert json.loads(payload)["choices"][0]["delta"]["content"] == "".join(PIECES[:2]), (
-        "one output holds two replies: one chunk with both texts"
+        "一个输出含两条回复：一个数据块，带着两段文本"
     )
     new_text, finish, done = sse_payloads(last["body"])
     assert json.loads(new_text)["choices"][0]["delta"] == {"content": PIECES[2] + LAST}
-    assert json.loads(finish)["choices"][0]["finish_reason"] == "stop", "no finish chunk"
-    assert done == "[DONE]", "the last send holds the end: text, finish chunk, [DONE]"
+    assert json.loads(finish)["choices"][0]["finish_reason"] == "stop", "没有结束数据块"
+    assert done == "[DONE]", "最后一次发送包含结尾：文本、结束数据块、[DONE]"
 
 
 @pytest.mark.parametrize("error", [TOO_LONG, GONE], ids=["prompt_too_long", "backend_gone"])
@@ -177,30 +177,30 @@ async def test_an_error_before_the_first_byte_is_a_real_status_and_a_json_body(e
     wire = await stream(exercise, [[the_end("", error)]])
     answer = to_http(error, "messages")
     assert wire.start["status"] == answer.status != 200, (
-        f"the error came before the first byte: its real status {answer.status}, not "
-        f"{wire.start['status']} (wait for the first output before sending the headers)"
+        f"错误发生在第一个字节之前：应该是它真实的状态码 {answer.status}，而不是 "
+        f"{wire.start['status']}（先等到第一个输出，再发响应头）"
     )
     assert wire.header(b"content-type").startswith(b"application/json"), (
-        "an error before the first byte is a plain JSON error body"
+        "第一个字节之前的错误是一个普通的 JSON 错误体"
     )
-    assert b"data:" not in wire.raw, "an error before the stream began is no event"
-    assert json.loads(wire.raw) == answer.body(), "not the OpenAI error body of to_http"
+    assert b"data:" not in wire.raw, "流开始之前的错误不是事件"
+    assert json.loads(wire.raw) == answer.body(), "不是 to_http 给出的 OpenAI 错误体"
 
 
 async def test_an_error_after_the_first_byte_is_an_error_event_then_done(exercise):
     wire = await stream(exercise, [[text(0, PIECES[0])], [the_end("", GONE)]])
     assert wire.start["status"] == 200  # already sent: the status cannot change
     payloads = sse_payloads(wire.raw)
-    assert payloads[-1] == "[DONE]", "after an error event the stream still ends with [DONE]"
+    assert payloads[-1] == "[DONE]", "错误事件之后，流照样以 [DONE] 结束"
     assert json.loads(payloads[-2]) == to_http(GONE, "messages").body(), (
-        'an error after the first byte is one data: {"error": ...} event, just before [DONE]'
+        '第一个字节之后的错误是一个 data: {"error": ...} 事件，紧挨在 [DONE] 之前'
     )
     chunks = [json.loads(p) for p in payloads[:-2]]
     assert [c["choices"][0]["delta"].get("content") for c in chunks] == [PIECES[0]], (
-        "only the text before the error is sent as chunks"
+        "只有错误之前的文本作为数据块发出"
     )
     assert all(c["choices"][0]["finish_reason"] is None for c in chunks), (
-        "the request did not finish: it failed"
+        "请求不是结束了，而是失败了"
     )
 
 

@@ -40,14 +40,14 @@ from minisgl.testing.fakes import FakeBackend, listening, make_frontend, settle,
 pytestmark = pytest.mark.q7
 
 
-LEFT_STATE = "the scope was left {how}, but the uid's RequestState is still in `states`"
+LEFT_STATE = "作用域已经{how}离开了，这个 uid 的 RequestState 却还在 `states` 里"
 ABORT_AFTER_END = (
-    "an AbortMsg was sent although the terminal reply had arrived: the workers had already "
-    "let go of the uid (abort only when leaving before the terminal reply)"
+    "终止回复已经到了，却还是发了 AbortMsg：worker 早已放开这个 uid"
+    "（只有在终止回复之前离开时才中止）"
 )
 ONE_ABORT = (
-    "leaving before the terminal reply must send exactly one AbortMsg for the uid, so the "
-    "tokenizer worker and the scheduler free it too; sent for: {sent}"
+    "在终止回复之前离开，必须为这个 uid 恰好发一次 AbortMsg，"
+    "让 Tokenizer Worker 和 Scheduler 也释放它；实际发给了：{sent}"
 )
 
 
@@ -72,18 +72,18 @@ async def test_inside_the_block_the_state_exists_and_the_message_went_out(exerci
     frontend, backend = make_frontend()
     async with scope(exercise, frontend) as state:
         assert frontend.states == {state.uid: state}, (
-            "inside the scope the uid's RequestState must be in `states`, where the listener "
-            f"finds it; states holds {frontend.states}"
+            "在作用域里，这个 uid 的 RequestState 必须在 `states` 里，监听协程要在那里找到它；"
+            f"states 现在是 {frontend.states}"
         )
         assert [m.uid for m in backend.tokenized()] == [state.uid], (
-            "inside the scope the TokenizeMsg must have gone out, exactly once"
+            "在作用域里，TokenizeMsg 必须已经发出，而且恰好一次"
         )
-        assert backend.tokenized()[0] == make_msg(state.uid), "not the message make_msg made"
+        assert backend.tokenized()[0] == make_msg(state.uid), "发出的不是 make_msg 造的那条消息"
         backend.inject(*replies(state.uid))
         async with listening(frontend):
             outs = [out.text async for out in frontend.wait_for_ack(state)]
-    assert outs == ["ab"], f"the request's output was {outs}"
-    assert frontend.states == {}, LEFT_STATE.format(how="after its terminal reply")
+    assert outs == ["ab"], f"请求的输出是 {outs}"
+    assert frontend.states == {}, LEFT_STATE.format(how="在终止回复之后")
     assert backend.aborts() == [], ABORT_AFTER_END
 
 
@@ -97,7 +97,7 @@ async def test_break_on_the_terminal_output_leaves_nothing_and_sends_no_abort(ex
                     async for out in outputs:
                         if out.finished:
                             break
-    assert frontend.states == {}, LEFT_STATE.format(how="by a `break` on its terminal output")
+    assert frontend.states == {}, LEFT_STATE.format(how="在终止输出处用 `break`")
     assert backend.aborts() == [], ABORT_AFTER_END
 
 
@@ -109,11 +109,11 @@ async def test_break_before_the_end_removes_state_and_aborts_once(exercise):
             async with aclosing(frontend.wait_for_ack(state)) as outputs:
                 async for _ in outputs:
                     break  # the caller has seen enough
-        assert frontend.states == {}, LEFT_STATE.format(how="by a `break` before the end")
+        assert frontend.states == {}, LEFT_STATE.format(how="在结束之前用 `break`")
         assert backend.aborts() == [state.uid], ONE_ABORT.format(sent=backend.aborts())
         backend.inject(*replies(state.uid))  # already on their way
         await settle()
-    assert frontend.states == {}, "a late reply recreated state after the scope was left"
+    assert frontend.states == {}, "作用域离开之后，迟到的回复又重建了状态"
     assert backend.aborts() == [state.uid], ONE_ABORT.format(sent=backend.aborts())
 
 
@@ -168,8 +168,8 @@ async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exe
         task.cancel()  # the client went away
         await asyncio.gather(task, return_exceptions=True)
         assert frontend.states == {}, (
-            "the task is done, but its request's state is not gone: the cleanup must run "
-            "on the way out of the scope (in a `finally`), right then, not a moment later"
+            "任务已经结束，它的请求状态却还在：清理必须在离开作用域的路上"
+            "（在 `finally` 里）当场运行，而不是过一会儿"
         )
         expected = [] if terminal else [uid]
         message = ABORT_AFTER_END if terminal else ONE_ABORT.format(sent=backend.aborts())
@@ -177,7 +177,7 @@ async def test_a_cancelled_request_is_cleaned_up_the_moment_its_task_is_done(exe
 
         backend.inject(UserReply(uid, "late"))  # a token already on its way
         await settle()
-    assert frontend.states == {}, "a late reply recreated state after the scope was left"
+    assert frontend.states == {}, "作用域离开之后，迟到的回复又重建了状态"
     assert backend.aborts() == expected, message
 
 
@@ -193,9 +193,8 @@ async def test_cancelled_again_on_its_way_out_it_still_cleans_up_and_aborts_once
         task.cancel()  # ... and the server, shutting down, cancels it once more
         await asyncio.gather(task, return_exceptions=True)
         assert frontend.states == {}, (
-            "cancelled a second time on its way out, the scope left its state behind: its "
-            "exit path awaits before it cleans up, and the second cancellation interrupted it "
-            "there (send_one is synchronous so that the exit path need not await)"
+            "在退出途中又被取消了一次，作用域留下了它的状态：它的退出路径在清理之前 await，"
+            "第二次取消就在那里打断了它（send_one 是同步的，正是为了让退出路径不必 await）"
         )
         assert backend.aborts() == [uid], ONE_ABORT.format(sent=backend.aborts())
 
@@ -208,7 +207,7 @@ async def test_an_exception_in_the_block_propagates_after_cleanup_and_one_abort(
                 backend.inject(UserReply(state.uid, "a"))
                 async for _ in frontend.wait_for_ack(state):
                     raise UnicodeError("the response could not be written")
-    assert frontend.states == {}, LEFT_STATE.format(how="by an exception")
+    assert frontend.states == {}, LEFT_STATE.format(how="因为异常")
     assert backend.aborts() == [state.uid], ONE_ABORT.format(sent=backend.aborts())
 
 
@@ -231,12 +230,10 @@ async def test_a_message_that_never_went_out_leaves_no_state_and_nothing_to_abor
     frontend = FrontendManager(send, backend.recv)
     with pytest.raises(OverflowError, match="cannot be"):
         async with scope(exercise, frontend, make):
-            pytest.fail("the block ran although the request never reached the workers")
-    assert frontend.states == {}, (
-        "the message never went out, but its RequestState stayed in `states`"
-    )
+            pytest.fail("请求根本没有到达 worker，块却运行了")
+    assert frontend.states == {}, "消息没有发出，它的 RequestState 却留在了 `states` 里"
     assert backend.sent == [], (
-        f"nothing reached the workers, so there was nothing to abort; sent: {backend.sent}"
+        f"什么都没到达 worker，所以没有什么要中止；实际发出了：{backend.sent}"
     )
 
 
@@ -248,11 +245,8 @@ async def test_an_error_reply_ends_the_request_without_abort(exercise):
             backend.inject(UserReply(state.uid, finished=True, error=too_long))
             outs = [out async for out in frontend.wait_for_ack(state)]
     assert len(outs) == 1 and outs[0].finished and outs[0].error == too_long
-    assert frontend.states == {}, LEFT_STATE.format(how="after an error reply")
-    assert backend.aborts() == [], (
-        "the error reply was the request's terminal reply: the backend already let go, "
-        "no AbortMsg is due"
-    )
+    assert frontend.states == {}, LEFT_STATE.format(how="在错误回复之后")
+    assert backend.aborts() == [], "错误回复就是这个请求的终止回复：后端已经放手，不该再发 AbortMsg"
 
 
 # ---------------------------------------------------------------- the reference's design

@@ -1,26 +1,26 @@
-"""Exercise q2 (quiz question 2): where messages, max_tokens and stream go.
+"""练习 q2（测验第 2 题）：messages、max_tokens 和 stream 去了哪里。
 
-Task: write the two functions below for /v1/chat/completions.
-- `tokenize_msg(req, uid, tools)`: the TokenizeMsg the API server sends to the tokenizer
-  worker for the parsed request `req` under `uid`. The tests compare it with the message
-  the real route (`v1_chat_completions` in minisgl/server/chat.py) sends, for many
-  requests. `tools` is the request's tool-call format (None without tools), as the route
-  gets it from the server's output parsers: it writes the grammar of a forced tool call.
-- `frontend_only_fields()`: the names of the `ChatCompletionRequest` fields that never
-  reach the workers, i.e. changing one of them changes no message at all. The tests vary
-  each field of the request model in turn to check your set.
+任务：为 /v1/chat/completions 写下面两个函数。
+- `tokenize_msg(req, uid, tools)`：API Server 为解析好的请求 `req`、以 `uid` 发给
+  Tokenizer Worker 的 TokenizeMsg。测试拿很多个请求，把它和真实路由
+  （minisgl/server/chat.py 里的 `v1_chat_completions`）发出的消息比较。`tools` 是
+  这个请求的工具调用格式（没有工具时为 None），和真实路由一样从服务的输出解析器
+  取得：强制的工具调用，由它写出语法。
+- `frontend_only_fields()`：`ChatCompletionRequest` 里永远到不了 worker 的字段名，
+  也就是改动其中任何一个，都不会改变任何消息。测试逐个改变请求模型的每个字段，
+  以此核对你给出的集合。
 
-Hints:
-- The tokenizer worker applies the model's chat template; what does a chat template take
-  as input? `ChatMessage` (minisgl/server/conversation.py) knows how to become it, and the
-  request knows which of its tools the template shows the model.
-- The request model already knows how to build its `SamplingParams`: find that method, and
-  read what it does with `max_tokens` and `max_completion_tokens`.
-- `TokenizeMsg` (minisgl/message/tokenizer.py) has no field for a stream: so where does
-  `stream` act? And the other fields that are not sampling parameters?
-- The table in chapter §2.1 lists where several fields go; it does not list them all.
+提示：
+- Tokenizer Worker 套用模型的聊天模板；聊天模板的输入是什么？
+- `ChatMessage`（minisgl/server/conversation.py）知道怎样变成这种输入；请求也知道
+  模板要把它的哪些工具展示给模型。
+- 请求模型已经知道怎样构造自己的 `SamplingParams`：找到那个方法，
+  看它怎样处理 `max_tokens` 和 `max_completion_tokens`。
+- `TokenizeMsg`（minisgl/message/tokenizer.py）里没有表示流式的字段：
+  那么 `stream` 在哪里起作用？其他不是采样参数的字段呢？
+- 第 2.1 节的表格列出了几个字段的去向，但没有列全。
 
-Check: pytest tests/quiz --learner -m q2
+检查：pytest tests/quiz --learner -m q2
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from minisgl.message import TokenizeMsg
 from minisgl.server.chat import ChatCompletionRequest
 
 TODO = (
-    "exercise q2: edit tests/quiz/exercises/q2_request_fields.py (its docstring says what "
-    "to do), then check with: pytest tests/quiz --learner -m q2"
+    "练习 q2：编辑 tests/quiz/exercises/q2_request_fields.py（文件开头的文档字符串写着"
+    "要做什么），然后这样检查：pytest tests/quiz --learner -m q2"
 )
 
 

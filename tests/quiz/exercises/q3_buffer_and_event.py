@@ -1,22 +1,19 @@
-"""Exercise q3 (quiz question 3): a reply buffer and a wake-up event, per request.
+"""练习 q3（测验第 3 题）：每个请求一个回复缓冲区和一个唤醒事件。
 
-Task: write `ReplyInbox`, what the listener keeps for one uid. It has a public
-`event: asyncio.Event` that the consumer waits on.
-- `deliver(reply)` is the listener's side: keep the reply's text and whether it is the
-  request's terminal reply (`reply.finished`); wake the consumer when it has something new
-  to take: text, a `finish_reason`, or the end. A reply that brings none of these (it only
-  updates token counts) must not wake anyone.
-- `take()` is the consumer's side: return a `Taken` with all text delivered since the last
-  take, joined in arrival order, and whether the terminal reply has been delivered; after
-  it, nothing is pending.
+任务：写 `ReplyInbox`，监听协程为一个 uid 保存的东西。它有一个公开的
+`event: asyncio.Event`，消费者等在它上面。
+- `deliver(reply)` 是监听协程这一侧：存下回复的文本，以及它是不是这个请求的终止
+  回复（`reply.finished`）；消费者有新东西可取时叫醒它：文本、`finish_reason`，
+  或者结束。三样都没带的回复（只更新了 token 数）不能叫醒任何人。
+- `take()` 是消费者这一侧：返回一个 `Taken`，其中是上次取走之后送来的全部文本，
+  按到达顺序拼接，以及终止回复是否已经送到；取完之后，没有任何待取的东西。
 
-Hints:
-- An event is a flag: five `set()` calls before anyone looks are one `set()`. Where do
-  the texts of five replies wait meanwhile?
-- And without the event, how would a waiting consumer learn that something arrived?
-- `UserReply` is in minisgl/message/frontend.py; chapter §3.2 discusses both halves.
+提示：
+- 事件只是一个标志：没人来看之前的五次 `set()` 只等于一次。这期间，五条回复的文本在哪里等着？
+- 反过来，没有事件的话，正在等的消费者怎样得知有东西到了？
+- `UserReply` 在 minisgl/message/frontend.py 里；第 3.2 节讨论了这两半。
 
-Check: pytest tests/quiz --learner -m q3
+检查：pytest tests/quiz --learner -m q3
 """
 
 from __future__ import annotations
@@ -26,14 +23,14 @@ from typing import NamedTuple
 from minisgl.message import UserReply
 
 TODO = (
-    "exercise q3: edit tests/quiz/exercises/q3_buffer_and_event.py (its docstring says "
-    "what to do), then check with: pytest tests/quiz --learner -m q3"
+    "练习 q3：编辑 tests/quiz/exercises/q3_buffer_and_event.py（文件开头的文档字符串写着"
+    "要做什么），然后这样检查：pytest tests/quiz --learner -m q3"
 )
 
 
 class Taken(NamedTuple):
-    text: str  # everything delivered since the last take, in order
-    finished: bool  # the request's terminal reply has been delivered
+    text: str  # 上次取走之后送来的全部文本，按顺序
+    finished: bool  # 这个请求的终止回复已经送到
 
 
 class ReplyInbox:

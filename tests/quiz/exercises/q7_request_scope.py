@@ -1,29 +1,26 @@
-"""Exercise q7 (quiz question 7): the request scope that cleans up on every exit.
+"""练习 q7（测验第 7 题）：无论从哪里离开都会清理的请求作用域。
 
-Task: write `request_scope`, an async context manager used as
-`async with request_scope(states, uid, make_msg, send_one) as state:`.
-- Entering it creates the uid's `RequestState(uid)` (minisgl/server/frontend.py) in
-  `states`, where the listener finds it, then sends `make_msg(uid)` with `send_one`. If
-  making or sending the message fails, the error propagates and no state is left; nothing
-  reached the workers, so there is nothing to abort.
-- Leaving the block removes the state, whatever the way out: the request's end, `break`,
-  `return`, an exception (which must propagate), or the task being cancelled (a client
-  that disconnected). It is removed right away, not a moment later.
-- Leaving before the terminal reply arrived (the listener sets `state.terminal` when it
-  does) also sends exactly one `AbortMsg(uid)`, so that the tokenizer worker and the
-  scheduler free the uid too. After the terminal reply the workers have already let go:
-  no abort then.
+任务：写 `request_scope`，一个异步上下文管理器，这样使用：
+`async with request_scope(states, uid, make_msg, send_one) as state:`。
+- 进入时在 `states` 里为这个 uid 创建 `RequestState(uid)`
+  （minisgl/server/frontend.py），监听协程在那里找到它；然后用 `send_one` 发出
+  `make_msg(uid)`。如果造消息或发消息失败，错误向外传播，不留下状态；什么都没有
+  到达 worker，所以也没有什么要中止。
+- 离开这个块时删除状态，无论从哪条路离开：请求结束、`break`、`return`、异常（异常
+  必须向外传播），或者任务被取消（客户端断开了）。要当场删除，而不是过一会儿。
+- 终止回复还没到就离开时（终止回复到达时，监听协程会置位 `state.terminal`），还要
+  恰好发一次 `AbortMsg(uid)`，让 Tokenizer Worker 和 Scheduler 也释放这个 uid。
+  终止回复到了之后，worker 已经放手：这时不要中止。
 
-Hints:
-- Which statements still run when a generator is closed at its `yield`, or when a
-  cancelled task unwinds (chapter §6.1)?
-- `send_one` is synchronous: it can run where an `await` would be interrupted.
-- The stub is already an `asynccontextmanager`: the code before its one `yield` is the
-  entry, the code after it the exit. Which exits reach that code, and how?
-- Chapter §6.2 shows the reference's cancel path; §5 has minisgl's scope: write yours
-  before you read it.
+提示：
+- 生成器在 `yield` 处被关闭时、被取消的任务逐层退出时，哪些语句还会运行（第 6.1 节）？
+- `send_one` 是同步的：它可以在 `await` 会被打断的地方运行。
+- 桩代码已经是一个 `asynccontextmanager`：它唯一的 `yield` 之前的代码是入口，之后的
+  代码是出口。哪些离开方式会走到那段代码，又是怎样走到的？
+- 第 6.2 节展示了参考实现的取消路径；第 5 节是 minisgl 的作用域：先写你自己的，
+  再去读它。
 
-Check: pytest tests/quiz --learner -m q7
+检查：pytest tests/quiz --learner -m q7
 """
 
 from __future__ import annotations
@@ -35,8 +32,8 @@ from minisgl.message import TokenizeMsg, TokenizerMsg
 from minisgl.server.frontend import RequestState
 
 TODO = (
-    "exercise q7: edit tests/quiz/exercises/q7_request_scope.py (its docstring says what "
-    "to do), then check with: pytest tests/quiz --learner -m q7"
+    "练习 q7：编辑 tests/quiz/exercises/q7_request_scope.py（文件开头的文档字符串写着"
+    "要做什么），然后这样检查：pytest tests/quiz --learner -m q7"
 )
 
 
@@ -48,4 +45,4 @@ async def request_scope(
     send_one: Callable[[TokenizerMsg], None],
 ) -> AsyncIterator[RequestState]:
     raise NotImplementedError(TODO)
-    yield  # never reached: it only makes this stub an async generator, as yours will be
+    yield  # 永远执行不到：它只是让这个桩成为异步生成器，你写的也会是

@@ -1,7 +1,7 @@
-"""FAULTY (quiz question 1): the synchronous call made right inside the coroutine.
+"""错误设计（测验第 1 题）：直接在协程里调用同步函数。
 
-`async def` alone moves nothing off the event loop: while `generate` runs, no other
-coroutine takes a step, and every other connection waits.
+光有 `async def` 并不会把任何东西挪出事件循环：`generate` 运行期间，别的协程一步也
+走不了，其他每个连接都在等。
 """
 
 from __future__ import annotations

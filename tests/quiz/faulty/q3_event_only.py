@@ -1,7 +1,7 @@
-"""FAULTY (quiz question 3): an event and one slot, no buffer.
+"""错误设计（测验第 3 题）：一个事件加一个位置，没有缓冲区。
 
-An event is a flag and carries no data: the listener can leave only one reply where the
-consumer looks, so a second reply before the consumer runs overwrites the first.
+事件只是一个标志，不携带数据：监听协程只能在消费者看的地方留下一条回复，所以消费者
+运行之前到达的第二条回复会覆盖第一条。
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class Taken(NamedTuple):
 class ReplyInbox:
     def __init__(self) -> None:
         self.event = asyncio.Event()
-        self._latest = ""  # the one slot an event can hand over
+        self._latest = ""  # 事件能交出的唯一一个位置
         self._finished = False
 
     def deliver(self, reply: UserReply) -> None:

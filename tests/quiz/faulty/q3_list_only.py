@@ -1,7 +1,7 @@
-"""FAULTY (quiz question 3): a list and no wake-up.
+"""错误设计（测验第 3 题）：一个列表，没有唤醒。
 
-Every reply is kept, but nobody is told: the event is never set, so a waiting consumer
-never wakes (it would have to poll).
+每条回复都存下了，却没人被通知：事件从不置位，所以等着的消费者永远醒不过来（它只能
+去轮询）。
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class Taken(NamedTuple):
 
 class ReplyInbox:
     def __init__(self) -> None:
-        self.event = asyncio.Event()  # there, but nobody sets it
+        self.event = asyncio.Event()  # 有，但没人置位它
         self._pieces: list[str] = []
         self._finished = False
 

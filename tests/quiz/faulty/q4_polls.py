@@ -1,7 +1,7 @@
-"""FAULTY (quiz question 4): a consumer that polls every 10 ms.
+"""错误设计（测验第 4 题）：每 10 ms 轮询一次的消费者。
 
-It naps on a timer and then looks: less CPU than spinning, but it wakes for nothing a
-hundred times a second, and a reply waits up to 10 ms before anyone takes it.
+它在定时器上睡一会儿，然后看一眼：比空转省 CPU，但每秒白白醒来一百次，而且一条回复
+最多要等 10 ms 才有人来取。
 """
 
 from __future__ import annotations

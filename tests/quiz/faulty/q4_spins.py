@@ -1,8 +1,7 @@
-"""FAULTY (quiz question 4): a consumer that spins on the event loop.
+"""错误设计（测验第 4 题）：在事件循环上空转的消费者。
 
-It never waits on the event: it looks at the buffer, yields to the loop with
-`asyncio.sleep(0)` and looks again, thousands of times a second while nothing arrives.
-Nothing is lost, but a hundred idle requests keep the loop busy for nothing.
+它从不等在事件上：看一眼缓冲区，用 `asyncio.sleep(0)` 让一下事件循环，再看一眼，
+什么都没到时每秒上千次。什么也不会丢，但一百个闲着的请求就让事件循环白白忙个不停。
 """
 
 from __future__ import annotations

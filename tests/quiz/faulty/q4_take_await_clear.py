@@ -1,7 +1,7 @@
-"""FAULTY (quiz question 4): take, let the loop run, then clear.
+"""错误设计（测验第 4 题）：先取走，让事件循环跑一下，再复位。
 
-A reply that arrives during the `await` sets the event, and the `clear()` right after
-erases that set: the reply waits in the buffer and nothing wakes the consumer again.
+在 `await` 期间到达的回复置位了事件，紧接着的 `clear()` 又把这次置位抹掉：回复躺在
+缓冲区里，再也没有什么会叫醒消费者。
 """
 
 from __future__ import annotations

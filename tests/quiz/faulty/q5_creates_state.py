@@ -1,7 +1,7 @@
-"""FAULTY (quiz question 5): the listener makes room for a reply it does not know.
+"""错误设计（测验第 5 题）：监听协程为不认识的回复腾出位置。
 
-A late reply (its request is gone: cancelled, or ended) gets a fresh RequestState, which
-no request scope will ever remove: a leak for every late token.
+迟到的回复（它的请求已经不在：被取消了，或者结束了）得到一个新的 RequestState，
+而没有哪个请求作用域会删除它：每个迟到的 token 泄漏一份。
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""FAULTY (quiz question 6): the 200 and the SSE headers go out before the first output.
+"""错误设计（测验第 6 题）：200 和 SSE 响应头在第一个输出之前就发出。
 
-As a route that returns a streaming response right away does: an error known before the
-first token (a prompt too long, say) can then only be an event inside a 200 stream.
+就像一个立刻返回流式响应的路由那样：在第一个 token 之前就已知道的错误（比如 prompt
+太长），这时只能是 200 流里的一个事件。
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
-"""FAULTY (quiz question 7): an AbortMsg on every exit, also after the terminal reply.
+"""错误设计（测验第 7 题）：每次离开都发 AbortMsg，终止回复之后也发。
 
-The state goes on every path, but a request that ended normally gets an abort too: a
-second ending sent for a uid the workers already let go of (and, with reused uids, a
-wrong one).
+每条路上状态都删掉了，但正常结束的请求也收到一次中止：为一个 worker 早已放开的 uid
+又发了一次结束（uid 被重用时，还会发错对象）。
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
-"""FAULTY (quiz question 7): an `await` inside the exit path, before the cleanup.
+"""错误设计（测验第 7 题）：退出路径上、清理之前有一个 `await`。
 
-Right on every single path, including one cancellation. But a task can be cancelled
-again while it unwinds (a server cancels a disconnected request, then shuts down): the
-second CancelledError lands on that `await`, and the state is never removed, the
-AbortMsg never sent. The send is synchronous so that the exit path need not await.
+每条路单独走都没问题，被取消一次也没问题。但任务在逐层退出时可能再被取消一次（服务
+先取消一个已断开的请求，随后又关停）：第二个 CancelledError 落在那个 `await` 上，
+状态永远不会删除，AbortMsg 永远不会发出。发送是同步的，正是为了让退出路径不必 await。
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ async def request_scope(
     try:
         yield state
     finally:
-        await asyncio.sleep(0)  # e.g. "let the last replies come in first"
+        await asyncio.sleep(0)  # 例如「先让最后几条回复进来」
         del states[uid]
         if not state.terminal:
             send_one(AbortMsg(uid))

@@ -1,9 +1,8 @@
-"""FAULTY (quiz question 7): the reference's cancel path: clean up 0.1 s later, elsewhere.
+"""错误设计（测验第 7 题）：参考实现的取消路径：0.1 秒后在别处清理。
 
-Like the reference's `abort_user`: the exit path starts another task that sleeps a
-fixed 0.1 s and only then removes the state and sends the AbortMsg. The serving task is
-over, its request is not: replies still land in its state, the backend still works for
-it, and a shutdown in between loses the cleanup altogether.
+像参考实现的 `abort_user` 那样：退出路径另起一个任务，它先固定睡 0.1 秒，然后才删除
+状态、发出 AbortMsg。服务任务已经结束，它的请求却没有：回复照样落进它的状态，后端
+照样为它工作，而如果中间恰好关停，清理就彻底丢了。
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from contextlib import asynccontextmanager
 from minisgl.message import AbortMsg, TokenizeMsg, TokenizerMsg
 from minisgl.server.frontend import RequestState
 
-ABORT_DELAY = 0.1  # seconds
+ABORT_DELAY = 0.1  # 秒
 
 
 @asynccontextmanager
@@ -41,4 +40,4 @@ async def request_scope(
     try:
         yield state
     finally:
-        asyncio.get_running_loop().create_task(later())  # no reference kept, as there
+        asyncio.get_running_loop().create_task(later())  # 和参考实现一样，不保留引用

@@ -1,8 +1,7 @@
-"""FAULTY (quiz question 7): the cleanup written after the `yield`, with no `finally`.
+"""错误设计（测验第 7 题）：清理写在 `yield` 之后，没有 `finally`。
 
-The generator-tail mistake of the reference's `wait_for_ack`, in a context manager: an
-exception in the block, or a cancelled task, is thrown in at the `yield`, and the lines
-after it never run; the state stays and no AbortMsg is sent.
+参考实现 `wait_for_ack` 写在生成器末尾的错误，搬进了上下文管理器：块里的异常或者任务
+被取消，都会在 `yield` 处抛进来，它后面的几行永远不会运行；状态留下，也不发 AbortMsg。
 """
 
 from __future__ import annotations
@@ -28,6 +27,6 @@ async def request_scope(
         del states[uid]
         raise
     yield state
-    del states[uid]  # reached only when the block ends without an exception
+    del states[uid]  # 只有块没有抛异常地结束时才走到这里
     if not state.terminal:
         send_one(AbortMsg(uid))

@@ -1,12 +1,12 @@
-"""Reference solution of exercise q3: one request's reply buffer and wake-up event.
+"""练习 q3 的参考实现：一个请求的回复缓冲区和唤醒事件。
 
-Contract: `ReplyInbox` is what the listener keeps for one uid.
-- `deliver(reply)` (the listener's side) keeps the reply's text and whether it ended the
-  request, then sets `event` if the consumer has something new to take: text, a
-  finish_reason or the end. A reply that only updates counts wakes nobody.
-- `take()` (the consumer's side) returns all text delivered since the last take, joined
-  in arrival order, and whether the terminal reply has arrived; it leaves the buffer empty.
-minisgl's `ReplyBuffer` does the same for every choice of a request, with token counts.
+约定：`ReplyInbox` 是监听协程为一个 uid 保存的东西。
+- `deliver(reply)`（监听协程这一侧）存下回复的文本，以及它是否结束了请求；如果消费者
+  有新东西可取（文本、finish_reason 或者结束），就置位 `event`。只更新计数的回复
+  谁也不叫醒。
+- `take()`（消费者这一侧）返回上次取走之后送来的全部文本，按到达顺序拼接，以及
+  终止回复是否已经到达；取完之后缓冲区是空的。
+minisgl 的 `ReplyBuffer` 对一个请求的每个选择做同样的事，另外记录 token 数。
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from minisgl.message import UserReply
 
 
 class Taken(NamedTuple):
-    text: str  # everything delivered since the last take, in order
-    finished: bool  # the request's terminal reply has been delivered
+    text: str  # 上次取走之后送来的全部文本，按顺序
+    finished: bool  # 这个请求的终止回复已经送到
 
 
 class ReplyInbox:
     def __init__(self) -> None:
-        self.event = asyncio.Event()  # "something new": a flag, it holds no data
-        self._pieces: list[str] = []  # the data: it holds any number of replies
+        self.event = asyncio.Event()  # 「有新东西」：一个标志，不携带数据
+        self._pieces: list[str] = []  # 数据：能存任意多条回复
         self._finished = False
 
     def deliver(self, reply: UserReply) -> None:

@@ -1,10 +1,9 @@
-"""Reference solution of exercise q4: the consumer loop of one request.
+"""练习 q4 的参考实现：一个请求的消费循环。
 
-Contract: `wait_for_ack(state)` yields the request's outputs until the terminal one, then
-ends. Each output is everything that was pending at one wake-up (`state.buffer.take()`),
-so any number of replies between two wake-ups come out together. No wake-up is ever lost:
-a reply that arrives while the consumer is away (between two outputs) wakes it again, and
-with nothing pending the loop really waits.
+约定：`wait_for_ack(state)` 依次交出这个请求的输出，直到终止输出，然后结束。每个输出
+是一次唤醒时待取的全部内容（`state.buffer.take()`），所以两次唤醒之间到达的任意多条
+回复一起出来。唤醒永远不会丢：消费者不在时（两个输出之间）到达的回复会再次叫醒它；
+没有待取的东西时，循环真的在等。
 """
 
 from __future__ import annotations
@@ -18,8 +17,8 @@ from minisgl.server.frontend import RequestState
 async def wait_for_ack(state: RequestState) -> AsyncIterator[Output]:
     while True:
         await state.event.wait()
-        # clear, then take, with no await in between: the listener cannot run between the
-        # two lines, so every reply is either in this take or sets the event again after it
+        # 先复位，再取走，中间没有 await：监听协程插不进这两行之间，所以每条回复
+        # 要么在这次取走的内容里，要么在取走之后重新置位事件
         state.event.clear()
         output = state.buffer.take()
         yield output

@@ -1,17 +1,17 @@
-"""Reference solution of exercise q6: one streamed chat completion on the wire.
+"""练习 q6 的参考实现：线路上的一个流式聊天补全。
 
-Contract: `stream_chat(outputs, send, model)` answers one request with `stream: true`
-through the ASGI `send`, one choice:
-- it waits for the first output before it sends anything. If that output is an error,
-  the answer is a plain JSON error: the status and body of `to_http(error, "messages")`;
-- otherwise a 200 with `content-type: text/event-stream`, then one `http.response.body`
-  per output. Every event is `data: <json>` and a blank line; every chunk is a
-  `chat.completion.chunk` with one `chatcmpl-` id. The first chunk's delta carries role
-  "assistant" (with the first text, if any); later deltas carry content only;
-- the terminal output's send also holds a chunk with an empty delta and the finish_reason,
-  then `data: [DONE]`, and has `more_body: False`;
-- an error after the first byte is one `data: {"error": ...}` event (the same body as a
-  JSON error), then `data: [DONE]`, and no finish_reason chunk.
+约定：`stream_chat(outputs, send, model)` 通过 ASGI 的 `send` 回答一个 `stream: true`
+的请求，一个选择：
+- 先等第一个输出，之前什么都不发。如果那个输出是错误，回答就是普通的 JSON 错误：
+  状态码和响应体来自 `to_http(error, "messages")`；
+- 否则是一个 200，带 `content-type: text/event-stream`，然后每个输出一条
+  `http.response.body`。每个事件都是 `data: <json>` 加一个空行；每个数据块都是
+  `chat.completion.chunk`，共用一个 `chatcmpl-` id。第一个数据块的 delta 带角色
+  "assistant"（有第一段文本的话也一起带上）；之后的 delta 只带 content；
+- 终止输出的那次 send 还带着一个 delta 为空、带 finish_reason 的数据块，然后是
+  `data: [DONE]`，并且 `more_body: False`；
+- 第一个字节之后的错误是一个 `data: {"error": ...}` 事件（内容和 JSON 错误的响应体
+  相同），然后是 `data: [DONE]`，没有带 finish_reason 的数据块。
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def event(payload: dict[str, Any]) -> bytes:
 
 async def stream_chat(outputs: AsyncIterator[Output], send: Send, model: str) -> None:
     head = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",  # one id for every chunk of the response
+        "id": f"chatcmpl-{uuid.uuid4().hex}",  # 这个响应的所有数据块共用一个 id
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
@@ -47,7 +47,7 @@ async def stream_chat(outputs: AsyncIterator[Output], send: Send, model: str) ->
         return event({**head, "choices": [choice]})
 
     out = await anext(outputs)
-    if out.error is not None:  # not a byte sent yet: a real HTTP status
+    if out.error is not None:  # 还一个字节都没发：可以用真实的 HTTP 状态码
         answer = to_http(out.error, "messages")
         headers = [(b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": answer.status, "headers": headers})
@@ -62,7 +62,7 @@ async def stream_chat(outputs: AsyncIterator[Output], send: Send, model: str) ->
         if out.text:
             delta["content"] = out.text
         body = chunk(delta, None) if delta else b""
-        if out.error is not None:  # after the first byte an error can only be an event
+        if out.error is not None:  # 第一个字节之后，错误只能是一个事件
             body += event(to_http(out.error, "messages").body())
         elif out.finish_reason is not None:
             body += chunk({}, out.finish_reason)
