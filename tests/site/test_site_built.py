@@ -17,9 +17,11 @@ Contract:
   sample included from the run.
 - Every internal link of every built page (<a href>, <img src>), notebooks included,
   resolves to a file of the site, and its #fragment to an id on the target page.
-- The middleware section of beyond.md names every route the API key protects
+- The middleware section of beyond/http-edge.md names every route the API key protects
   (`minisgl.server.middleware.PROTECTED` and `PAGES`, and the operator's routes,
   `minisgl.server.tenants.OPERATOR_ROUTES`).
+- No Markdown page is over `MAX_PAGE_CHARS` characters but those still to be split by
+  topic (`TO_SPLIT`).
 - Each quiz question's exercise is offered (a 动手 box naming its file and
   `pytest tests/quiz --learner -m qN`) on the chapter page that introduces its idea, and
   the minisgl code that answers it appears on the site only folded ("看 minisgl 的写法"),
@@ -278,7 +280,7 @@ def test_every_route_behind_the_api_key_is_named_where_the_key_is_explained():
     from minisgl.server.middleware import PAGES, PROTECTED
     from minisgl.server.tenants import OPERATOR_ROUTES
 
-    text = (CHAPTERS / "beyond.md").read_text()
+    text = (CHAPTERS / "beyond" / "http-edge.md").read_text()
     section = text[text.index("{#middleware}") :]
     section = section[: section.index("\n## ")]
     tokens = {tok for code in re.findall(r"`([^`]+)`", section) for tok in code.split()}
@@ -286,7 +288,29 @@ def test_every_route_behind_the_api_key_is_named_where_the_key_is_explained():
     missing = sorted(
         r for r in routes if not any(tok.rstrip("*").rstrip("/") == r.rstrip("/") for tok in tokens)
     )
-    assert not missing, f"beyond.md#middleware does not name {missing} among the key's routes"
+    assert not missing, (
+        f"beyond/http-edge.md#middleware does not name {missing} among the key's routes"
+    )
+
+
+# ------------------------------------------------------------------ page length
+# Every Markdown page under chapters/ (generated/ excluded) is at most MAX_PAGE_CHARS
+# characters (characters, not bytes), but for the pages still to be split by topic, named in
+# TO_SPLIT; a page split from them leaves the list.
+MAX_PAGE_CHARS = 15_000
+TO_SPLIT = {"architecture.md", "http-and-concurrency/6-gaps.md"}
+
+
+def test_no_page_is_over_the_length_limit():
+    pages = [p for p in sources() if p.suffix == ".md"]
+    assert len(list(CHAPTERS.glob("beyond/*.md"))) >= 9, "beyond/ is split into its topics"
+    long = [
+        f"{page.relative_to(CHAPTERS)}: {n} characters"
+        for page in pages
+        if str(page.relative_to(CHAPTERS)) not in TO_SPLIT
+        and (n := len(page.read_text(encoding="utf-8"))) > MAX_PAGE_CHARS
+    ]
+    assert not long, f"pages over {MAX_PAGE_CHARS} characters:\n" + "\n".join(long)
 
 
 # ------------------------------------------------------------------ exercises before answers
