@@ -6,7 +6,7 @@ tell them, and writes under `out` what came back, one file per sample, for the p
 include (pymdownx.snippets, `--8<-- "chapters/generated/samples/NAME"`):
 - `NAME.sh`: the command a reader types (rendered from the very body that was sent), and
   `NAME.txt`: what it printed: SSE streams byte for byte, status lines, headers and bodies
-  as `curl -i` shows them, JSON as the server wrote it (architecture.md's idle
+  as `curl -i` shows them, JSON as the server wrote it (architecture/rules-5-7.md's idle
   /debug/lifecycle alone is indented, one field a line);
 - `NAME.md`: a sentence or two of Chinese prose stating this run's figures (token counts,
   pages), for the places where a page explains the numbers of a sample;

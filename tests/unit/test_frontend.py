@@ -3,7 +3,7 @@
 A FakeBackend records what the frontend sends (TokenizeMsg, AbortMsg, LifecycleQueryMsg)
 and feeds `listen()` whatever UserReply batches a test injects, in any order. Every test
 ends by checking that no per-uid state is left and that AbortMsg went out exactly when a
-request was left before its terminal reply (chapters/architecture.md, 生命周期约定).
+request was left before its terminal reply (chapters/architecture/, 生命周期约定).
 """
 
 from __future__ import annotations
