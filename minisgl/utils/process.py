@@ -7,8 +7,10 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 import signal
 import socket
+import subprocess
 
 
 def configure_worker_logging(name: str, level: str) -> None:
@@ -45,7 +47,9 @@ def free_port() -> int:
 
 
 def available_ram() -> int:
-    """Bytes of memory available to new allocations (MemAvailable on Linux)."""
+    """Bytes of memory available to new allocations: MemAvailable on Linux; on macOS (no
+    /proc, and no SC_AVPHYS_PAGES) the free, inactive and speculative pages `vm_stat`
+    reports, which the kernel hands out without swapping; elsewhere the free pages."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -53,4 +57,17 @@ def available_ram() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    if "SC_AVPHYS_PAGES" in os.sysconf_names:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    out = subprocess.run(["vm_stat"], capture_output=True, text=True, timeout=10).stdout
+    return vm_stat_available(out)
+
+
+def vm_stat_available(out: str) -> int:
+    """Bytes free, inactive or speculative in macOS `vm_stat` output."""
+    page = int(re.search(r"page size of (\d+) bytes", out).group(1))
+    kinds = ("Pages free", "Pages inactive", "Pages speculative")
+    pages = re.findall(rf"^({'|'.join(kinds)}):\s+(\d+)\.", out, re.MULTILINE)
+    if not pages:
+        raise RuntimeError(f"cannot read the memory available from vm_stat: {out[:200]!r}")
+    return page * sum(int(n) for _, n in pages)
