@@ -32,7 +32,7 @@ from minisgl.timeline.api import ApiTimeline, Timelines
 from . import chat, completions, ops, responses
 from .args import ServerArgs
 from .conversation import MESSAGE_ROLES
-from .errors import INVALID_REQUEST, SERVER_ERROR, HttpError, unavailable
+from .errors import HttpError, from_status, unavailable
 from .frontend import FrontendManager
 from .metrics import ServerMetrics
 from .middleware import (
@@ -123,18 +123,9 @@ async def _on_validation_error(request: Request, exc: RequestValidationError):
 
 
 async def _on_http_error(request: Request, exc: StarletteHTTPException):
-    code = _HTTP_CODES.get(exc.status_code)
-    request.app.state.frontend.observer.event(None, "refused", code=code or str(exc.status_code))
-    kind = SERVER_ERROR if exc.status_code >= 500 else INVALID_REQUEST
-    return HttpError(exc.status_code, str(exc.detail), kind, code).response(exc.headers)
-
-
-_HTTP_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
-    413: "body_too_large",
-    503: "overloaded",
-}
+    error = from_status(exc.status_code, str(exc.detail))
+    request.app.state.frontend.observer.event(None, "refused", code=error.code or str(error.status))
+    return error.response(exc.headers)
 
 
 def _validation_error(exc: RequestValidationError) -> HttpError:

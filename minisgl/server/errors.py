@@ -11,6 +11,9 @@ Contract:
   prompt-shaped error names the parameter the client actually sent.
 - `RequestFailed` carries an `ErrorInfo` out of the frontend (a request refused at
   admission, a dead backend) to whoever answers the client.
+- `from_status(status, message)` is the answer to an HTTP-level refusal (Starlette's
+  HTTPException: no route, a wrong method, a body too large, bodies over their budget),
+  its code chosen by its status; the app's handler and the body-limit middleware share it.
 - `json_response` is the one writer of JSON bodies (msgspec-encoded), errors or not.
 """
 
@@ -94,6 +97,19 @@ _ANSWERS: dict[ErrorKind, _Answer] = {
     ErrorKind.BACKEND_UNAVAILABLE: _Answer(503, SERVER_ERROR, "backend_unavailable"),
     ErrorKind.INTERNAL: _Answer(500, SERVER_ERROR, "internal_error"),
 }
+
+
+_STATUS_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "body_too_large",
+    503: "overloaded",
+}
+
+
+def from_status(status: int, message: str) -> HttpError:
+    kind = SERVER_ERROR if status >= 500 else INVALID_REQUEST
+    return HttpError(status, message, kind, _STATUS_CODES.get(status))
 
 
 def to_http(error: ErrorInfo, prompt_param: str | None = None) -> HttpError:

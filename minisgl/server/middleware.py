@@ -37,7 +37,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from . import tenants
-from .errors import SERVER_ERROR, HttpError
+from .errors import HttpError, from_status
 from .tenants import api_keys
 
 request_id_var: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="-")
@@ -200,13 +200,11 @@ class BodyLimitMiddleware:
         self.on_reject = on_reject
 
     async def _refuse(self, exc: HTTPException, scope, receive, send) -> None:
-        """The answer to a body refused before (or without) the app's own error handler."""
-        if isinstance(exc, BodyTooLarge):
-            error = HttpError(413, str(exc.detail), code="body_too_large")
-        else:
-            error = HttpError(503, str(exc.detail), SERVER_ERROR, "overloaded", retry_after=1)
+        """The answer to a body refused before (or without) the app's own error handler:
+        the same answer that handler gives (errors.from_status)."""
+        error = from_status(exc.status_code, str(exc.detail))
         self.on_reject(str(error.code))
-        await error.response()(scope, receive, send)
+        await error.response(exc.headers)(scope, receive, send)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
