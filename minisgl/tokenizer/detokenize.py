@@ -113,16 +113,18 @@ class DetokenizeManager:
     def remove(self, uid: int) -> None:
         self.decode_map.pop(uid, None)
 
-    def _decode(self, batch: list[list[int]]) -> list[str]:
+    def _decode(self, batch: list[list[int]], skip_special: bool = True) -> list[str]:
+        """The text of each list of ids: the output's text skips special tokens; the echoed
+        prompt's (`skip_special=False`) keeps them."""
         if self.tokenizer is None:  # a model that takes token ids only: no text to show
             return [""] * len(batch)
         # the Rust tokenizer's own batch decode: transformers' wrapper around it costs about
         # ten times as much per call, and this runs twice per step for every request
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
-            return backend.decode_batch(batch, skip_special_tokens=True)
+            return backend.decode_batch(batch, skip_special_tokens=skip_special)
         return self.tokenizer.batch_decode(
-            batch, skip_special_tokens=True, clean_up_tokenization_spaces=False
+            batch, skip_special_tokens=skip_special, clean_up_tokenization_spaces=False
         )
 
     def feed(self, msgs: list[DetokenizeMsg]) -> tuple[list[UserReply | None], set[int]]:
@@ -285,7 +287,7 @@ class DetokenizeManager:
         ids, state.prompt_ids = state.prompt_ids, None
         alternatives = [token for lp in msg.prompt_logprobs for token, _ in lp.top]
         texts, raws = self._texts(ids + alternatives)
-        offsets = self.text_offsets(ids)
+        offsets = self.text_offsets(ids, state.choices[0].echo)
         infos = [TokenInfo(texts[0], raws[0], None, 0)]
         alt = len(ids)  # where the next position's alternatives are in texts/raws
         for i, lp in enumerate(msg.prompt_logprobs, 1):
@@ -294,20 +296,27 @@ class DetokenizeManager:
             infos.append(TokenInfo(texts[i], raws[i], lp.logprob, offsets[i], top))
         state.prompt_infos = infos
 
-    def text_offsets(self, ids: list[int]) -> list[int]:
-        """Where each token's text starts in the text of `ids` (decoded as the output is,
-        special tokens skipped): token i starts where the text of ids[:i] ends. Two batched
-        decodes over a window of WINDOW tokens before each one, which is context enough
-        for a character split over tokens (4 bytes at most) and for tokenizers that merge
-        spaces across tokens; a token that only begins a character is where it starts."""
+    def text_offsets(self, ids: list[int], text: str = "") -> list[int]:
+        """Where each token's text starts in `text`, the prompt as echoed (by default: `ids`
+        decoded with their special tokens, which the echo keeps, as OpenAI and vLLM echo a
+        prompt): token i starts where the text of ids[:i] ends. Two batched decodes over a
+        window of WINDOW tokens before each one, which is context enough for a character
+        split over tokens (4 bytes at most) and for tokenizers that merge spaces across
+        tokens; a token that only begins a character is where it starts. A text prompt is
+        echoed as sent: tokens the tokenizer added ahead of it (a BOS) are at 0, and no
+        offset points past its end."""
         spans = [ids[max(0, i - _WINDOW) : i] for i in range(len(ids))]
-        before = self._decode(spans)
-        upto = self._decode([span + [t] for span, t in zip(spans, ids)])
+        before = self._decode(spans, skip_special=False)
+        upto = self._decode([span + [t] for span, t in zip(spans, ids)], skip_special=False)
         offsets, pos = [], 0
         for old, new in zip(before, upto):
             offsets.append(pos)
             pos += max(0, len(new) - len(old))
-        return offsets
+        if not text:
+            return offsets
+        whole = self._decode([ids], skip_special=False)[0]
+        added = len(whole) - len(text) if whole != text and whole.endswith(text) else 0
+        return [min(max(0, offset - added), len(text)) for offset in offsets]
 
     # --8<-- [start:stop_strings]
     @staticmethod

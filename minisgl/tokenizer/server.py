@@ -125,7 +125,7 @@ class TokenizerWorker:
             if msg.echo:
                 echo = msg.text
                 if echo is None:
-                    echo = self.tokenizer.decode(p.ids, skip_special_tokens=True)
+                    echo = self.tokenizer.decode(p.ids, skip_special_tokens=False)
             prompt_ids = p.ids if params.prompt_logprobs is not None else None
             self.detokenize_manager.add(
                 msg.uid,

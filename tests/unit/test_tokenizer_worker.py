@@ -686,3 +686,72 @@ def test_with_echo_each_sampled_tokens_offset_points_at_its_text(tokenizer) -> N
     assert len(infos) == len(ids)
     assert [output[i.offset : i.offset + len(i.token)] for i in infos] == [i.token for i in infos]
     assert infos[0].offset == len("The capital")
+
+
+def _echo_with_prompt_logprobs(tokenizer, msg: TokenizeMsg, ids: list[int]) -> tuple[str, list]:
+    """The echoed text and the prompt's and sampled tokens' infos of a request scored with
+    prompt logprobs (`ids`: its prompt tokens) that samples one token, " of"."""
+    from minisgl.message import TokenLogprob
+
+    worker, rec = _worker(tokenizer)
+    worker.handle([msg])
+    scores = [TokenLogprob(-1.0, [(t, -1.0)]) for t in ids[1:]]
+    (token,) = tokenizer.encode(" of", add_special_tokens=False)
+    lp = TokenLogprob(-0.5, [(token, -0.5)])
+    worker.handle([DetokenizeMsg(msg.uid, token, "length", logprob=lp, prompt_logprobs=scores)])
+    replies = [m for m in rec.frontend if isinstance(m, UserReply)]
+    text = "".join(r.incremental_output for r in replies)
+    infos = [i for r in replies for i in (r.prompt_logprobs or []) + (r.logprobs or [])]
+    assert _states(worker) == {}
+    return text, infos
+
+
+def test_an_echoed_token_id_prompt_keeps_its_special_tokens_and_offsets_index_it(tokenizer):
+    """vLLM's and OpenAI's echo: the prompt exactly, control tokens included; every token's
+    text_offset points at that token's text in the text returned."""
+    user = _ascii_tokens(tokenizer, "user\nHi")
+    start, end = tokenizer.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    pad = tokenizer.pad_token_id  # <|endoftext|>
+    for ids in ([pad] * 5, [start, *user, end]):
+        params = SamplingParams(max_tokens=1, logprobs=1, prompt_logprobs=1)
+        msg = TokenizeMsg(72, params, input_ids_packed=pack_ids(ids), echo=True)
+        text, infos = _echo_with_prompt_logprobs(tokenizer, msg, ids)
+        prompt = tokenizer.decode(ids, skip_special_tokens=False)
+        assert text == prompt + " of"
+        assert len(infos) == len(ids) + 1
+        assert [text[i.offset : i.offset + len(i.token)] for i in infos] == [i.token for i in infos]
+        # each token's text follows the one before it: offsets are their running lengths
+        lengths = [len(i.token) for i in infos]
+        assert [i.offset for i in infos] == [sum(lengths[:j]) for j in range(len(infos))]
+
+
+def test_an_echoed_text_prompt_is_the_text_sent_and_offsets_index_it(tokenizer):
+    text_in = "<|im_start|>user\nHi<|im_end|>"
+    ids = tokenizer.encode(text_in)
+    params = SamplingParams(max_tokens=1, logprobs=1, prompt_logprobs=1)
+    text, infos = _echo_with_prompt_logprobs(
+        tokenizer, TokenizeMsg(73, params, text=text_in, echo=True), ids
+    )
+    assert text == text_in + " of"
+    assert [text[i.offset : i.offset + len(i.token)] for i in infos] == [i.token for i in infos]
+
+
+def test_a_token_the_tokenizer_adds_ahead_of_an_echoed_text_is_at_offset_zero(tokenizer):
+    """A tokenizer that puts a BOS ahead of every text (Llama's): the text is echoed as sent,
+    without it, so the BOS is at 0 and every later token still points at its own text."""
+    from tokenizers.processors import TemplateProcessing
+
+    bos_adding = copy.deepcopy(tokenizer)
+    start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+    bos_adding.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", start)]
+    )
+    ids = bos_adding.encode("The capital")
+    assert ids[0] == start
+    params = SamplingParams(max_tokens=1, logprobs=1, prompt_logprobs=1)
+    msg = TokenizeMsg(74, params, text="The capital", echo=True)
+    text, infos = _echo_with_prompt_logprobs(bos_adding, msg, ids)
+    assert text == "The capital of"
+    assert infos[0].token == "<|im_start|>" and infos[0].offset == 0
+    rest = infos[1:]
+    assert [text[i.offset : i.offset + len(i.token)] for i in rest] == [i.token for i in rest]
