@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from minisgl.message import ErrorInfo, ErrorKind
 from minisgl.parsers import OutputParsers
 from minisgl.server.buffer import ChoiceOutput, Output
+from minisgl.server.chat import ChatCompletionRequest
 from minisgl.server.protocol import ParamError
 from minisgl.server.responses import ResponsesFormat, ResponsesRequest, chat_messages
 from minisgl.templates import TOOL_CALL_END, TOOL_CALL_START
@@ -93,6 +94,40 @@ def test_fields_map_onto_the_chat_request():
     named = request(tools=[WEATHER], tool_choice={"type": "function", "name": "get_weather"}).chat
     assert named.tool_calling().choice == "get_weather"
     assert request(tools=[WEATHER], parallel_tool_calls=False).chat.tool_calling().parallel is False
+
+
+def test_the_chat_paths_sampling_extensions_mean_the_same_here():
+    """What guidellm and other load generators send to every endpoint (`ignore_eos`, `stop:
+    null`, ...) reaches the sampling parameters as it does through chat."""
+    peers = dict(
+        ignore_eos=True, top_k=5, min_tokens=2, repetition_penalty=1.1, seed=7,
+        stop=["\n\n"], stop_token_ids=[3], presence_penalty=0.5, frequency_penalty=0.25,
+        logit_bias={"9": -100}, cache_salt="s",
+    )  # fmt: skip
+    params = request(max_output_tokens=8, **peers).chat.sampling_params()
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, **peers}
+    )
+    assert params == chat.sampling_params()
+    assert (params.ignore_eos, params.top_k, params.seed, params.stop) == (True, 5, 7, ["\n\n"])
+    defaults = request(stop=None, ignore_eos=None, top_k=None, seed=None).chat.sampling_params()
+    assert defaults == request().chat.sampling_params()
+    assert not defaults.ignore_eos and defaults.top_k == -1
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"top_k": -2}, "top_k"), ({"repetition_penalty": 0}, "repetition_penalty"),
+     ({"logit_bias": {"x": 1}}, "logit_bias"), ({"min_tokens": 9, "max_output_tokens": 4}, "min_tokens")],
+)  # fmt: skip
+def test_a_sampling_extension_out_of_bounds_is_refused_as_chat_refuses_it(fields, param):
+    assert refused(**fields).param == param
+
+
+def test_what_the_chat_path_refuses_is_refused_here():
+    with pytest.raises(ValidationError) as info:
+        request(min_p=0.1)
+    assert info.value.errors()[0]["type"] == "extra_forbidden"
 
 
 def test_fields_that_change_nothing_are_accepted_and_null_is_the_default():

@@ -16,6 +16,13 @@ one user message; `message` items keep their role and their text parts (`input_t
 one assistant turn with `tool_calls`; a `function_call_output` is a `tool` message
 answering its `call_id`; `reasoning` items (which this server never produces) are dropped.
 
+The sampling parameters of the chat path that the Responses API does not define but that
+mean the same here (OpenAI chat's `stop`, `seed`, `presence_penalty`, `frequency_penalty`,
+`logit_bias`; vLLM's and SGLang's `top_k`, `min_tokens`, `ignore_eos`, `stop_token_ids`,
+`repetition_penalty`, `cache_salt`: PEER_SAMPLING) are accepted as the chat path accepts them
+and pass to it unchanged, so a load generator that sends `ignore_eos` to every endpoint (as
+guidellm does) is served here too; one the chat path refuses (`min_p`) is refused here.
+
 What cannot be served is a 400 saying why: `previous_response_id`, `conversation` and
 `prompt` need state the server does not keep (`store` is ignored); an image, file or audio
 part is not for a text-only model; tools other than functions, and items of other kinds,
@@ -31,7 +38,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ..bounded import JsonObject, JsonText, JsonValue
 from ..chat import ChatCompletionRequest
 from ..conversation import FunctionName
-from ..protocol import Count, ParamError, RuleChecked, sampling_field
+from ..protocol import (
+    Count,
+    LogitBias,
+    ParamError,
+    RuleChecked,
+    StopList,
+    StopString,
+    StopTokenIds,
+    sampling_field,
+)
 
 STATELESS = (
     "this server keeps no responses (store is ignored): send the whole conversation in "
@@ -43,6 +59,20 @@ _CHAT_NAMES = {
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
 }
+# the chat path's sampling parameters that the Responses API lacks, passed to it as sent
+PEER_SAMPLING = (
+    "stop",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "top_k",
+    "min_tokens",
+    "ignore_eos",
+    "stop_token_ids",
+    "repetition_penalty",
+    "cache_salt",
+)
 # include values OpenAI defines: none asks for anything this server would otherwise leave out
 # (it has no built-in tools, images, or encrypted reasoning to add), except logprobs
 INCLUDABLE = frozenset(
@@ -308,6 +338,18 @@ class ResponsesRequest(_Strict, RuleChecked):
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
     context_management: list[dict[str, Any]] | None = None
+    # the chat path's (PEER_SAMPLING): null or absent is the chat path's default
+    stop: StopString | StopList | None = None
+    seed: int | None = sampling_field("seed")
+    presence_penalty: float | None = sampling_field("presence_penalty")
+    frequency_penalty: float | None = sampling_field("frequency_penalty")
+    logit_bias: LogitBias | None = None
+    top_k: int | None = sampling_field("top_k")
+    min_tokens: int | None = sampling_field("min_tokens")
+    ignore_eos: bool | None = None
+    stop_token_ids: StopTokenIds | None = None
+    repetition_penalty: float | None = sampling_field("repetition_penalty")
+    cache_salt: str | None = sampling_field("cache_salt")
 
     _chat: ChatCompletionRequest | None = None
 
@@ -345,6 +387,7 @@ class ResponsesRequest(_Strict, RuleChecked):
             if self.text and self.text.format
             else None,
         }
+        chat |= {name: getattr(self, name) for name in PEER_SAMPLING}
         try:
             self._chat = ChatCompletionRequest.model_validate(
                 {k: v for k, v in chat.items() if v is not None}
