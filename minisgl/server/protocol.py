@@ -23,7 +23,7 @@ from minisgl.core import INT32_MAX, SAMPLING_RULES, SamplingParams
 # int64 tensors can carry. Anything larger is a 400, never an overflow deep inside.
 TokenId = Annotated[int, Field(**SAMPLING_RULES["stop_token_ids"].field_constraints())]
 MAX_TOKENS = SAMPLING_RULES["max_tokens"].field_constraints()
-# chat must generate something (as OpenAI's API); larger max_tokens are clamped anyway
+# chat must generate something (as OpenAI's API); past the context left it is a 400
 Count = Annotated[int, Field(**{**MAX_TOKENS, "ge": 1})]
 # a request field named otherwise than the SamplingParams field whose rule it follows
 _RULE_OF = {

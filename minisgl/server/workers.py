@@ -133,6 +133,7 @@ def tokenize_worker(args, model_dir: Path, channels, ready: Connection, heartbea
             grammar_max_bytes=args.grammar_max_bytes,
             max_seq_len=context,
             escape_special=args.escape_special_tokens,
+            strict_max_tokens=True,  # past the context left: a 400 (offline: cut)
         )
         worker = TokenizerWorker(tokenizer, to_scheduler.put, to_api.put, prepare)
         worker.observe(TokenizerTimeline(record=args.debug_history > 0))

@@ -38,7 +38,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from minisgl.testing.server import RunningServer, group_rss_bytes
 from minisgl.testing.sse import sse_chunks
 
-MAX_SEQ_LEN = 512  # short: a max_tokens=10**9 request clamps to under 512 tokens
+MAX_SEQ_LEN = 512  # short: a request without max_tokens ends within 512 tokens
 CLIENTS = 64
 ROUNDS = int(os.environ.get("MINISGL_SOAK_ROUNDS", "5"))
 SECONDS = float(os.environ.get("MINISGL_SOAK_SECONDS", "0"))
@@ -72,7 +72,7 @@ def _check(cond: bool, what: str) -> None:
 
 
 # ---------------------------------------------------------------- answer checks
-def _check_completion(r: httpx.Response, body: dict, tally: Tally, clamped: bool = False) -> None:
+def _check_completion(r: httpx.Response, body: dict, tally: Tally, full: bool = False) -> None:
     _check(r.status_code == 200, f"status {r.status_code}: {r.text[:300]}")
     out = r.json()
     ChatCompletion.model_validate(out)
@@ -84,7 +84,7 @@ def _check_completion(r: httpx.Response, body: dict, tally: Tally, clamped: bool
     _check(usage["total_tokens"] == n + p and p > 0, str(usage))
     prompt = body["messages"][0]["content"]
     _check(tally.prompt_tokens.setdefault(prompt, p) == p, f"prompt tokens vary: {usage}")
-    if clamped:  # max_tokens beyond the context: generate until the context is full
+    if full:  # no max_tokens: generate until the context is full
         _check(choice["finish_reason"] == "length" and n + p == MAX_SEQ_LEN, str(usage))
     elif body.get("ignore_eos"):
         _check(choice["finish_reason"] == "length" and n == body["max_tokens"], str(usage))
@@ -233,10 +233,15 @@ async def over_long_prompt(http, rng, model, tally):
 
 
 async def huge_max_tokens(http, rng, model, tally):
-    """Allowed: clamped to what the context holds, so it ends with finish_reason length."""
-    body = chat_body(model, rng.choice(PROMPTS), max_tokens=10**9, ignore_eos=True)
+    """More than the context holds: a 400 naming max_tokens, before any output. Left out:
+    generated up to the context, so it ends with finish_reason length."""
+    body = chat_body(model, rng.choice(PROMPTS), max_tokens=10**9, stream=rng.random() < 0.5)
+    _check_error(
+        await http.post(CHAT_PATH, json=body), 400, "context_length_exceeded", "max_tokens"
+    )
+    body = chat_body(model, rng.choice(PROMPTS), ignore_eos=True)
     if rng.random() < 0.5:
-        _check_completion(await http.post(CHAT_PATH, json=body), body, tally, clamped=True)
+        _check_completion(await http.post(CHAT_PATH, json=body), body, tally, full=True)
         return
     body["stream"] = True
     async with http.stream("POST", CHAT_PATH, json=body) as r:

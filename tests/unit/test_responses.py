@@ -265,6 +265,17 @@ def test_an_error_after_the_stream_began_is_a_failed_response():
     assert failed.error.message == "too slow"
 
 
+def test_an_error_before_the_first_byte_names_the_field_as_the_responses_api_does():
+    fmt = ResponsesFormat("m", request(), None)
+    too_many = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "no room", "max_tokens")
+    answer = fmt.error(too_many)
+    assert (answer.status, answer.param, answer.code) == (
+        400, "max_output_tokens", "context_length_exceeded"
+    )  # fmt: skip
+    assert fmt.error(ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "long")).param == "input"
+    assert fmt.error(ErrorInfo(ErrorKind.INVALID_TOKEN_ID, "x", "logit_bias")).param == "logit_bias"
+
+
 def test_nothing_said_is_one_empty_message():
     whole = ResponsesFormat("m", request(), None).body([""], ["stop"], None, 5, 1)
     assert Response.model_validate(whole, strict=True).output_text == ""

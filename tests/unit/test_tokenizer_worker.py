@@ -755,3 +755,52 @@ def test_a_token_the_tokenizer_adds_ahead_of_an_echoed_text_is_at_offset_zero(to
     assert infos[0].token == "<|im_start|>" and infos[0].offset == 0
     rest = infos[1:]
     assert [text[i.offset : i.offset + len(i.token)] for i in rest] == [i.token for i in rest]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_max_tokens_past_the_context_left_is_refused_once_the_prompt_is_tokenized(
+    tokenizer, n
+) -> None:
+    """The prompt plus max_tokens must fit the context (as vLLM, SGLang and OpenAI answer);
+    max_tokens left out is "up to the context"; a prompt that fills the context alone goes
+    on to the scheduler, which refuses it naming the prompt."""
+    rec = Recorder()
+    worker = TokenizerWorker(
+        tokenizer,
+        rec.send_backend,
+        rec.send_frontend,
+        Preparation(tokenizer, max_seq_len=32, strict_max_tokens=True),
+    )
+    ids = pack_ids(list(range(3, 13)))  # 10 tokens: 22 can follow them
+
+    def sent(uid: int, max_tokens: int | None, prompt=ids) -> UserMsg | UserReply:
+        rec.clear()
+        params = SamplingParams(max_tokens=max_tokens, n=n)
+        worker.handle([TokenizeMsg(uid, params, input_ids_packed=prompt)])
+        (msg,) = rec.backend or rec.frontend
+        return msg
+
+    assert isinstance(sent(1, 22), UserMsg) and isinstance(sent(2, None), UserMsg)
+    refused = sent(3, 23)
+    assert isinstance(refused, UserReply) and refused.finished and rec.backend == []
+    assert refused.error.kind is ErrorKind.CONTEXT_LENGTH_EXCEEDED
+    assert refused.error.field == "max_tokens"
+    assert "context is 32 tokens" in refused.error.message and "at most 22" in refused.error.message
+    assert isinstance(sent(4, 5, pack_ids([3] * 32)), UserMsg)  # the scheduler's to refuse
+    assert worker.state()["decode_states"] == 3  # 1, 2 and 4: none for the refused one
+    # the offline LLM's preparation is not strict: the scheduler cuts max_tokens there
+    worker.prepare = Preparation(tokenizer, max_seq_len=32)
+    assert isinstance(sent(5, 23), UserMsg)
+
+
+def test_a_large_prompt_past_the_context_left_is_refused_after_its_thread(tokenizer) -> None:
+    rec = Recorder()
+    prepare = Preparation(tokenizer, max_seq_len=1 << 16, strict_max_tokens=True)
+    worker = TokenizerWorker(tokenizer, rec.send_backend, rec.send_frontend, prepare)
+    large = "The capital of Italy is Rome. " * 4000  # on the prompt thread
+    room = (1 << 16) - len(tokenizer.encode(large))
+    worker.handle([TokenizeMsg(1, SamplingParams(max_tokens=room + 1), text=large)])
+    _settle(worker, rec)
+    (reply,) = rec.frontend
+    assert reply.error.field == "max_tokens" and f"at most {room} " in reply.error.message
+    assert rec.backend == [] and _states(worker) == {}

@@ -16,8 +16,8 @@ into
   stream began. Nothing follows the last event (no `[DONE]`);
 - `body(...)`: the whole `response` object, built by the same steps as the stream, so a
   streamed and a whole answer never differ;
-- `error(error_info)`: the HTTP error answer before the first byte (its prompt field is
-  `input`).
+- `error(error_info)`: the HTTP error answer before the first byte, naming fields as the
+  Responses API does (the prompt is `input`, max_tokens is `max_output_tokens`).
 The shapes validate as the `openai` client's `Response` and `ResponseStreamEvent` types.
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -34,8 +35,8 @@ from minisgl.message import ErrorInfo, TokenInfo
 from ..buffer import ChoiceOutput, Output
 from ..chat import ChatFormat
 from ..choice_text import ToolCalls
-from ..errors import to_http
-from .request import ResponsesRequest
+from ..errors import HttpError, to_http
+from .request import CHAT_NAMES, ResponsesRequest
 
 _json = msgspec.json.Encoder()
 
@@ -64,6 +65,11 @@ class ResponsesFormat(ChatFormat):
         self._opened = False
 
     # ------------------------------------------------------------ the format interface
+    def error(self, error: ErrorInfo) -> HttpError:
+        """The chat path's answer, naming the field as this API calls it."""
+        answer = super().error(error)
+        return replace(answer, param=CHAT_NAMES.get(answer.param, answer.param))
+
     def chunks(self, output: Output) -> bytes:
         self.reasoning_open = self.reasoning_open or output.reasoning_open
         events: list[dict[str, Any]] = []

@@ -53,9 +53,11 @@ STATELESS = (
     "this server keeps no responses (store is ignored): send the whole conversation in "
     "`input` instead"
 )
-# where a check of the chat request names a field, the name the client used
-_CHAT_NAMES = {
+# where a check of the chat request (or a worker's, for max_tokens) names a field, the
+# name the client used
+CHAT_NAMES = {
     "messages": "input",
+    "max_tokens": "max_output_tokens",
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
 }
@@ -414,9 +416,9 @@ def _in_responses_terms(exc: ValidationError) -> ParamError:
     first = exc.errors()[0]
     cause = (first.get("ctx") or {}).get("error")
     if isinstance(cause, ParamError):
-        return ParamError(_CHAT_NAMES.get(cause.param, cause.param), str(cause))
+        return ParamError(CHAT_NAMES.get(cause.param, cause.param), str(cause))
     loc = [str(p) for p in first.get("loc", ())]
     if loc:
-        loc[0] = _CHAT_NAMES.get(loc[0], loc[0])
+        loc[0] = CHAT_NAMES.get(loc[0], loc[0])
     param = ".".join(loc) or "input"
     return ParamError(param, f"{param}: {first.get('msg')}")
