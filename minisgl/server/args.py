@@ -152,8 +152,8 @@ class ServerArgs:
     # qwen3 or deepseek-r1 (minisgl/parsers/): both read a <think> block
     reasoning_parser: str | None = option(
         None,
-        "return a reasoning model's <think> block as message.reasoning_content "
-        "(streamed as delta.reasoning_content), never as content",
+        "return a reasoning model's <think> block as message.reasoning (and "
+        "reasoning_content, its older name; streamed as delta.reasoning), never as content",
         choices=tuple(REASONING_PARSERS),
     )
     # minisgl/parsers/: how a chat answer's tool calls are written (and forced); hermes:

@@ -78,8 +78,8 @@ class ChatFormat(OutputFormat):
     parser: its tool-call blocks become `tool_calls` (streamed as `delta.tool_calls`: a
     call's id and name once its block shows them, then its arguments piece by piece) and
     the rest stays content. With `reasoning` (the --reasoning-parser's class), the think
-    block ahead of them becomes `reasoning_content` (streamed as
-    `delta.reasoning_content`)."""
+    block ahead of them becomes `reasoning`, sent also as `reasoning_content` (vLLM's name
+    now and its older one, which clients of either read), in messages and deltas alike."""
 
     object = "chat.completion"
     chunk_object = "chat.completion.chunk"
@@ -125,7 +125,7 @@ class ChatFormat(OutputFormat):
             choice.text, choice.finish_reason
         )
         if reasoning:
-            delta["reasoning_content"] = reasoning
+            delta["reasoning"] = delta["reasoning_content"] = reasoning
         if content:
             delta["content"] = content
         if calls:
@@ -156,7 +156,7 @@ class ChatFormat(OutputFormat):
         empty = None if calls or reasoning or (self.tools and self.tools.forced) else ""
         message: dict[str, Any] = {"role": "assistant", "content": content or empty}
         if self.reasoning:
-            message["reasoning_content"] = reasoning or None
+            message["reasoning"] = message["reasoning_content"] = reasoning or None
         if calls:
             message["tool_calls"] = calls
         return {

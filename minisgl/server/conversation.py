@@ -144,7 +144,10 @@ class AssistantMessage(_Message):
     tool_calls: list[AssistantToolCall] | None = None  # the tools this turn called
     refusal: str | None = None  # what the answer refused, if anything; unused
     annotations: list[Any] | None = None  # OpenAI's URL citations; unused
-    reasoning_content: str | None = None  # the turn's thinking: templates may show it
+    # the turn's thinking, which templates may show: vLLM's name now, and its older one
+    # (a message dumped whole from a response carries both)
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     # not served (no audio, and the deprecated form of tool_calls): only null is accepted
     audio: None = None
     function_call: None = None
@@ -159,8 +162,9 @@ class AssistantMessage(_Message):
         out = super().as_template_input()
         if self.tool_calls:
             out["tool_calls"] = [call.as_template_input() for call in self.tool_calls]
-        if self.reasoning_content is not None:
-            out["reasoning_content"] = self.reasoning_content
+        reasoning = self.reasoning_content if self.reasoning_content is not None else self.reasoning
+        if reasoning is not None:  # templates read it under the older name
+            out["reasoning_content"] = reasoning
         return out
 
 

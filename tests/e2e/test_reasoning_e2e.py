@@ -2,7 +2,8 @@
 (tests/scripted_model.py): `<think>` reasoning, an answer, a `<tool_call>` and the end.
 
 - qwen3 (the model opens the block itself): the think block comes back as
-  `message.reasoning_content` and streams as `delta.reasoning_content`, never in content;
+  `message.reasoning` and streams as `delta.reasoning`, each also under vLLM's older name
+  `reasoning_content` (clients of either generation read it), never in content;
   usage counts its tokens; the tool call after the reasoning is parsed, streamed or not;
   `chat_template_kwargs: {"enable_thinking": false}` and `reasoning_effort: "none"` reach
   the template, which then closes the block in the prompt: no reasoning comes back.
@@ -52,7 +53,8 @@ def ask(client, server, stream: bool, **params):
         resp = client.chat.completions.create(**params)
         choice = resp.choices[0]
         calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
-        reasoning = choice.message.model_extra["reasoning_content"]
+        reasoning = choice.message.model_extra["reasoning"]
+        assert choice.message.model_extra["reasoning_content"] == reasoning
         return reasoning, choice.message.content, calls, choice.finish_reason, resp.usage
     chunks = list(
         client.chat.completions.create(
@@ -64,7 +66,9 @@ def ask(client, server, stream: bool, **params):
         ChatCompletionChunk.model_validate(chunk.to_dict())
         for choice in chunk.choices:
             delta = choice.delta
-            reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+            extra = delta.model_extra or {}
+            assert extra.get("reasoning") == extra.get("reasoning_content")  # both names
+            reasoning += extra.get("reasoning") or ""
             content += delta.content or ""
             assert "think>" not in (delta.content or "") and "<tool_call>" not in content
             for call in delta.tool_calls or []:
@@ -117,3 +121,21 @@ def test_a_prompt_that_opens_the_block_makes_the_output_start_as_reasoning(serve
     assert calls == [("get_weather", ARGUMENTS)]
     cut = ask(client, server, stream, max_tokens=2)  # cut inside the reasoning
     assert cut[:2] == (REASONING, None) and cut[3] == "length"
+
+
+@QWEN3
+def test_an_answer_sent_back_as_the_client_dumps_it_continues_the_conversation(server, client):
+    """The official client's message, dumped whole, carries `reasoning` and
+    `reasoning_content`: both are accepted as the turn's thinking."""
+    first = client.chat.completions.create(
+        model=server.model_name, messages=WEATHER, tools=TOOLS, temperature=0
+    )
+    said = first.choices[0].message.model_dump(exclude_none=True)
+    assert said["reasoning"] == said["reasoning_content"] == REASONING
+    (call,) = said["tool_calls"]
+    tool = {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}
+    again = client.chat.completions.create(
+        model=server.model_name, messages=[*WEATHER, said, tool], tools=TOOLS, max_tokens=4
+    )
+    assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert again.usage.prompt_tokens > first.usage.prompt_tokens

@@ -168,6 +168,22 @@ async def test_an_assistant_message_dumped_by_the_client_is_accepted():
     assert "audio" not in assistant and "refusal" not in assistant
 
 
+@pytest.mark.parametrize(
+    "names", [("reasoning",), ("reasoning", "reasoning_content")], ids=["new", "both"]
+)
+async def test_an_assistant_message_sent_back_with_vllms_reasoning_names_is_accepted(names):
+    """A message dumped from an answer of this server (or vLLM's) carries `reasoning`, and
+    `reasoning_content` too: the template gets the thinking under the name templates read."""
+    sent = {k: v for k, v in DUMPED.items() if k != "reasoning_content"}
+    sent |= {name: "The user wants the weather." for name in names}
+    messages = [{"role": "user", "content": "weather?"}, sent]
+    messages.append({"role": "tool", "tool_call_id": "call_1", "content": "sunny"})
+    resp, (msg,) = await post(chat(messages=messages))
+    assert resp.status_code == 200, resp.text
+    assert msg.messages[1]["reasoning_content"] == "The user wants the weather."
+    assert "reasoning" not in msg.messages[1]
+
+
 @pytest.mark.parametrize("field", ["audio", "function_call"])
 async def test_an_assistant_message_with_audio_or_a_function_call_is_refused(field):
     value = {"id": "audio_1"} if field == "audio" else {"name": "f", "arguments": "{}"}
@@ -299,6 +315,8 @@ async def test_a_prompt_that_opened_the_think_block_makes_the_start_reasoning():
         full = (await client.post("/v1/chat/completions", json=chat())).json()
     message = ChatCompletion.model_validate(full).choices[0].message
     assert message.content == "Paris."
+    # vLLM's name now and its older one, so that clients of either generation read it
+    assert message.model_extra["reasoning"] == "Paris is in France."
     assert message.model_extra["reasoning_content"] == "Paris is in France."
     assert full["usage"]["completion_tokens"] == 10  # the reasoning tokens count
 
@@ -315,7 +333,7 @@ async def test_a_constrained_answer_has_no_reasoning():
         full = (await client.post("/v1/chat/completions", json=body)).json()
     assert seen[0].reasoning is None
     assert full["choices"][0]["message"]["content"] == '{"a": 1}'
-    assert "reasoning_content" not in full["choices"][0]["message"]
+    assert not {"reasoning", "reasoning_content"} & set(full["choices"][0]["message"])
 
 
 def test_a_response_schema_forbids_the_properties_it_does_not_list():

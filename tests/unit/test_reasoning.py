@@ -75,8 +75,9 @@ def streamed(text: str, reason: str, cuts: list[int], tools=None, reasoning_open
         for payload in sse_payloads(fmt.chunks(out)):
             state.handle_chunk(ChatCompletionChunk.model_validate_json(payload))
             delta = json.loads(payload)["choices"][0]["delta"]
-            assert "<think>" not in delta.get("content", "") + delta.get("reasoning_content", "")
-            reasoning += delta.get("reasoning_content", "")
+            assert "<think>" not in delta.get("content", "") + delta.get("reasoning", "")
+            assert delta.get("reasoning") == delta.get("reasoning_content")  # both names
+            reasoning += delta.get("reasoning", "")
     return state.current_completion_snapshot.choices[0], reasoning
 
 
@@ -101,7 +102,8 @@ def test_reasoning_streams_apart_and_adds_up_to_the_whole_message(
 ):
     full = whole(text, "stop", tools, reasoning_open)
     assert full.finish_reason == want
-    reasoning = full.message.model_extra["reasoning_content"]
+    reasoning = full.message.model_extra["reasoning"]
+    assert full.message.model_extra["reasoning_content"] == reasoning  # the older name
     assert reasoning and "<think>" not in reasoning and "</think>" not in reasoning
     assert "think>" not in (full.message.content or "")
     assert "<tool_call>" not in (full.message.content or "")
