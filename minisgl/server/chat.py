@@ -140,12 +140,8 @@ class ChatFormat(OutputFormat):
         }
 
     def _end(self, choice: ChoiceOutput) -> dict[str, Any]:
-        return {
-            "index": choice.index,
-            "delta": {},
-            "logprobs": None,
-            "finish_reason": self._finish_reason(choice.index, choice.finish_reason),
-        }
+        reason = self._finish_reason(choice.index, choice.finish_reason)
+        return {"index": choice.index, "delta": {}, "logprobs": None, "finish_reason": reason}
 
     def _choice(self, index: int, text: str, finish: str | None, logprobs) -> dict[str, Any]:
         self._texts.pop(index, None)
@@ -198,6 +194,7 @@ async def v1_chat_completions(req: ChatCompletionRequest, request: Request):
 def chat_job(request: Request, req: ChatCompletionRequest, fmt: ChatFormat) -> Job:
     """How a chat request is served, in the wire format `fmt` (chat, or responses)."""
     params = salted(request, req.sampling_params(fmt.tools))
+    fmt.renamed = {"max_tokens": "max_completion_tokens"} if req.max_completion_tokens else {}
     messages = [m.as_template_input() for m in req.messages]
     tools = req.template_tools()
     parsers = request.app.state.parsers

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -51,6 +52,7 @@ class OutputFormat:
     chunk_object: str
     id_prefix: str
     prompt_param: str  # the request field that holds the prompt, named by prompt errors
+    renamed: dict[str, str] = {}  # fields the workers name otherwise than this request did
 
     def __init__(self, model: str, n_choices: int = 1, continuous_usage: bool = False) -> None:
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
@@ -62,7 +64,8 @@ class OutputFormat:
 
     def error(self, error: ErrorInfo) -> HttpError:
         """The answer to a failed request on this endpoint."""
-        return to_http(error, self.prompt_param)
+        answer = to_http(error, self.prompt_param)
+        return replace(answer, param=self.renamed.get(answer.param, answer.param))
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {

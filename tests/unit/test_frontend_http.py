@@ -188,6 +188,20 @@ async def test_an_error_before_the_first_token_is_a_real_http_status(stream):
     assert backend.aborts() == []  # the error reply was terminal
 
 
+@pytest.mark.parametrize("name", ["max_tokens", "max_completion_tokens"])
+async def test_a_workers_refusal_of_max_tokens_names_the_field_the_client_sent(name):
+    """The tokenizer worker knows one name (SamplingParams'); the answer names the one the
+    request used."""
+    no_room = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "no room", "max_tokens")
+    frontend, backend = make_frontend()
+    script(backend, end=UserReply(0, finished=True, error=no_room))
+    async with serving(frontend) as client:
+        resp = await client.post("/v1/chat/completions", json=chat(**{name: 5000}))
+        await wait_until(lambda: frontend.states == {})
+    assert resp.status_code == 400
+    assert_error_body(resp.json(), "context_length_exceeded", name)
+
+
 async def test_an_error_after_streaming_began_is_an_error_event_then_done():
     frontend, backend = make_frontend()
     boom = ErrorInfo(ErrorKind.INTERNAL, "the tokenizer failed")

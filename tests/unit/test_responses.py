@@ -267,6 +267,7 @@ def test_an_error_after_the_stream_began_is_a_failed_response():
 
 def test_an_error_before_the_first_byte_names_the_field_as_the_responses_api_does():
     fmt = ResponsesFormat("m", request(), None)
+    fmt.renamed = {"max_tokens": "max_completion_tokens"}  # as chat_job sets it: the chat name
     too_many = ErrorInfo(ErrorKind.CONTEXT_LENGTH_EXCEEDED, "no room", "max_tokens")
     answer = fmt.error(too_many)
     assert (answer.status, answer.param, answer.code) == (

@@ -53,11 +53,10 @@ STATELESS = (
     "this server keeps no responses (store is ignored): send the whole conversation in "
     "`input` instead"
 )
-# where a check of the chat request (or a worker's, for max_tokens) names a field, the
-# name the client used
+# where a check of the chat request (or a worker's answer to it) names a field, the name
+# the client used
 CHAT_NAMES = {
     "messages": "input",
-    "max_tokens": "max_output_tokens",
     "max_completion_tokens": "max_output_tokens",
     "response_format": "text.format",
 }
