@@ -5,10 +5,14 @@ transformers on the same checkpoint: the echoed prompt's tokens come back with t
 logprobs (the first one null) and their alternatives, which always hold the token itself;
 streamed and whole answers agree; a long prompt with the most alternatives is not taken for
 a slow client; `logprobs: 0` gives the sampled token; the lifecycle is back at zero after
-each test (the `server` fixture checks), a client that leaves mid-prompt included."""
+each test (the `server` fixture checks), a client that leaves mid-prompt included. The
+echoed prompt is exactly the prompt, control tokens included (as OpenAI and vLLM echo it),
+and every text_offset indexes the text returned: vLLM's own `test_echo_logprob_completion`
+assertions hold against this server."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 import httpx
@@ -192,10 +196,79 @@ def test_logprobs_zero_gives_the_sampled_token_in_its_alternatives(server, clien
 
 def test_a_client_leaving_while_its_prompt_is_scored_leaves_nothing(server, hf):
     _, tok = hf
-    ids = (tok.encode(" ".join(PROMPTS)) * 80)[:1800]
+    ids = (tok.encode(" ".join(PROMPTS)) * 80)[:1800]  # and 240 more: the context is 2048
     body = {"model": server.model_name, "prompt": ids, "echo": True, "logprobs": 5,
-            "max_tokens": 500, "stream": True, "ignore_eos": True}  # fmt: skip
+            "max_tokens": 240, "stream": True, "ignore_eos": True}  # fmt: skip
     with httpx.stream("POST", completions_url(server), json=body, timeout=120) as r:
         assert r.status_code == 200
         next(r.iter_lines())  # the echoed prompt and its logprobs: then leave
     # the `server` fixture waits for /debug/lifecycle to be back at zero
+
+
+def _offsets_index_the_text(choice) -> None:
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert lp.text_offset == sorted(lp.text_offset)
+    for token, offset in zip(lp.tokens, lp.text_offset):
+        if token.startswith("bytes:") or "\ufffd" in token:
+            continue  # part of a character (a random model's output): no text of its own
+        assert choice.text[offset : offset + len(token)] == token, (token, offset, choice.text)
+
+
+@pytest.mark.parametrize("logprobs_arg", [1, 0])
+def test_vllms_echo_logprob_completion(server, client, logprobs_arg):
+    """vLLM's tests/entrypoints/openai/test_completion.py::test_echo_logprob_completion,
+    through the official client, and every offset pointing at its token in the text."""
+    tok = hf_tokenizer(server.model_name)
+    for prompt in ("Hello, my name is", [0, 0, 0, 0, 0]):  # token 0: <|endoftext|>
+        completion = client.completions.create(
+            model=server.model_name, prompt=prompt, max_tokens=5, temperature=0.0, echo=True,
+            logprobs=logprobs_arg, extra_body={"ignore_eos": True},
+        )  # fmt: skip
+        prompt_text = tok.decode(prompt) if isinstance(prompt, list) else prompt
+        assert re.search(r"^" + prompt_text, completion.choices[0].text)
+        assert completion.choices[0].text.startswith(prompt_text)  # the same, literally
+        logprobs = completion.choices[0].logprobs
+        assert logprobs is not None
+        assert len(logprobs.text_offset) > 5
+        assert len(logprobs.token_logprobs) > 5 and logprobs.token_logprobs[0] is None
+        assert len(logprobs.top_logprobs) > 5 and logprobs.top_logprobs[0] is None
+        for top_logprobs in logprobs.top_logprobs[1:]:
+            assert max(logprobs_arg, 1) <= len(top_logprobs) <= logprobs_arg + 1
+        assert len(logprobs.tokens) > 5
+        _offsets_index_the_text(completion.choices[0])
+    assert prompt_text == "<|endoftext|>" * 5
+
+
+@pytest.mark.parametrize("form", ["string", "token_ids"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_an_echoed_chat_shaped_prompt_keeps_its_control_tokens(server, form, stream):
+    """The issue's case: `<|im_start|>user\nHi<|im_end|>` comes back as sent, and the offsets
+    are the running lengths of the tokens' texts (12 for `<|im_start|>`, ...)."""
+    tok = hf_tokenizer(server.model_name)
+    text = "<|im_start|>user\nHi<|im_end|>"
+    ids = tok.encode(text)
+    assert ids[0] == tok.convert_tokens_to_ids("<|im_start|>")
+    body = {
+        "model": server.model_name, "prompt": text if form == "string" else ids, "echo": True,
+        "logprobs": 1, "max_tokens": 2, "temperature": 0, "ignore_eos": True, "stream": stream,
+    }  # fmt: skip
+    if stream:
+        with httpx.stream("POST", completions_url(server), json=body, timeout=120) as r:
+            payloads = list(iter_payloads(r.iter_lines()))
+        chunks = [EchoCompletion.model_validate_json(p).choices[0] for p in payloads[:-1]]
+        joined = {"text": "", "tokens": [], "token_logprobs": [], "top_logprobs": [],
+                  "text_offset": []}  # fmt: skip
+        for chunk in chunks:
+            joined["text"] += chunk.text
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                joined[key] += getattr(chunk.logprobs, key) if chunk.logprobs else []
+        text_out = joined.pop("text")
+        choice = _Choice(index=0, text=text_out, logprobs=_PromptLogprobs(**joined))
+    else:
+        choice = completion(server, **{k: v for k, v in body.items() if k != "model"}).choices[0]
+    assert choice.text.startswith(text)
+    lengths = [len(t) for t in choice.logprobs.tokens[: len(ids)]]
+    assert choice.logprobs.text_offset[: len(ids)] == [sum(lengths[:i]) for i in range(len(ids))]
+    assert choice.logprobs.text_offset[len(ids)] == len(text)  # the first sampled token
+    _offsets_index_the_text(choice)
