@@ -1,8 +1,10 @@
 """guidellm, the load generator many people benchmark servers with, against the real server
 (the tiny Llama): its default request shape (streamed chat completions with
-`stream_options.continuous_usage_stats`, `stop: null`, `ignore_eos`) for a handful of
-requests, one at a time and four at once, with zero errors and every output token counted
-from the usage we stream."""
+`stream_options.continuous_usage_stats`, `stop: null`, `ignore_eos`) and its Responses
+mode (`request_format=/v1/responses`: streamed, `max_output_tokens`, `instructions`-less
+`input` items, `stop: null`, `ignore_eos`), each for a handful of requests, one at a time
+and four at once, with zero errors and every output token counted from the usage we
+stream."""
 
 from __future__ import annotations
 
@@ -19,12 +21,16 @@ pytestmark = [pytest.mark.server(PROTOCOL_SERVER), pytest.mark.slow]
 REQUESTS, OUTPUT_TOKENS = 6, 16
 
 
-def test_guidellm_streaming_benchmark_has_no_errors(server, long_context_dir, tmp_path):
+@pytest.mark.parametrize("request_format", ["/v1/chat/completions", "/v1/responses"])
+def test_guidellm_streaming_benchmark_has_no_errors(
+    server, long_context_dir, tmp_path, request_format
+):
     out = tmp_path / "benchmarks.json"
+    backend = f"kind=openai_http,target={server.base_url},model={server.model_name}"
     cmd = [
         str(Path(sys.prefix) / "bin" / "guidellm"),
         "run",
-        "--backend", f"kind=openai_http,target={server.base_url},model={server.model_name}",
+        "--backend", f"{backend},request_format={request_format}",
         "--profile", "kind=concurrent,streams=1",
         "--override", "profile.streams", "1,4",
         "--constraint", f"kind=max_requests,count={REQUESTS}",

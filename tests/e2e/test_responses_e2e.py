@@ -3,13 +3,17 @@ official `openai` client: a response is the chat completion its translation stan
 (greedy, the same text), whole or streamed; the stream is OpenAI's event sequence, each
 event valid as the client's type and numbered, ending with the whole response and no
 `[DONE]`, and `responses.stream` assembles it; `text.format` json_schema is followed;
-fields that change nothing are accepted; what cannot be served is an OpenAI error with a
-real status before the first byte, for `stream: true` too; a client that leaves
-mid-stream leaves nothing behind (the `server` fixture checks the lifecycle after each)."""
+fields that change nothing are accepted; the chat path's sampling extensions mean the same
+here (guidellm's request, with `ignore_eos` and `stop: null`, twelve times, four at once:
+no error, exactly its tokens; a seed repeats a sampled answer); what cannot be served is an
+OpenAI error with a real status before the first byte, for `stream: true` too; a client
+that leaves mid-stream leaves nothing behind (the `server` fixture checks the lifecycle
+after each)."""
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jsonschema
@@ -140,6 +144,45 @@ def test_fields_that_change_nothing_are_accepted(server, client):
     assert body.metadata == {"run": "1"} and body.output
 
 
+def _guidellm_body(server, i: int, tokens: int) -> dict:
+    """The body guidellm's Responses mode sends (request_format=/v1/responses) for synthetic
+    text with a fixed output length."""
+    text = f"Request {i}: " + "the quick brown fox jumps over the lazy dog " * 3
+    return {
+        "model": server.model_name, "stream": True, "max_output_tokens": tokens, "stop": None,
+        "ignore_eos": True, "input": [{"role": "user", "content": [{"type": "input_text", "text": text}]}],
+    }  # fmt: skip
+
+
+def test_guidellms_responses_requests_have_no_errors(server):
+    tokens = 16
+
+    def run(i: int) -> Response:
+        events = raw_events(server, _guidellm_body(server, i, tokens))
+        assert events[-1].type == "response.incomplete", events[-1].type  # max_output_tokens
+        return events[-1].response
+
+    with ThreadPoolExecutor(4) as pool:
+        done = list(pool.map(run, range(12)))
+    assert [r.usage.output_tokens for r in done] == [tokens] * 12  # ignore_eos held to the end
+    assert all(r.incomplete_details.reason == "max_output_tokens" for r in done)
+
+
+def test_the_chat_paths_sampling_extensions_mean_the_same_here(server, client):
+    peers = dict(top_k=5, min_tokens=3, repetition_penalty=1.2, seed=11, frequency_penalty=0.5,
+                 ignore_eos=True)  # fmt: skip
+    ask = dict(model=server.model_name, input="The capital of France is", max_output_tokens=8)
+    first = client.responses.create(**ask, temperature=1.0, extra_body=peers)
+    again = client.responses.create(**ask, temperature=1.0, extra_body=peers)
+    assert first.output_text == again.output_text and first.usage.output_tokens == 8
+    chat = client.chat.completions.create(
+        model=server.model_name, messages=[{"role": "user", "content": ask["input"]}],
+        max_tokens=8, temperature=1.0, **{k: v for k, v in peers.items() if k in ("seed", "frequency_penalty")},
+        extra_body={k: v for k, v in peers.items() if k not in ("seed", "frequency_penalty")},
+    )  # fmt: skip
+    assert chat.choices[0].message.content == first.output_text  # the same request, as chat
+
+
 def _assert_error(r: httpx.Response, status: int, param: str | None, words: str) -> None:
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith("application/json")
@@ -162,6 +205,9 @@ def test_what_cannot_be_served_is_an_error_with_a_real_status(server, stream):
         post(input=[{"role": "user", "content": [image]}]), 400, "input.0.content.0", "input_image"
     )
     _assert_error(post(input="x " * 3000), 400, "input", "context")  # known before any byte
+    _assert_error(post(top_k=-5), 400, "top_k", "top_k")  # the chat path's bounds
+    _assert_error(post(min_p=0.1), 400, "min_p", "min_p")  # what chat refuses too
+    _assert_error(post(max_output_tokens=5000), 400, "max_output_tokens", "context is 2048")
     _assert_error(post(model="other"), 404, "model", "other")
 
 
