@@ -224,6 +224,23 @@ def test_forced_tool_calls_carry_valid_arguments(server, client, choice, tempera
         )
 
 
+def test_required_without_parallel_calls_gives_one_whole_call(server, client):
+    """The chapter's advice for a small model (chapters/beyond/openai.md): with parallel calls
+    off, the grammar ends the answer after the first call, so each sample is one whole,
+    valid call, never the start of a second it cannot finish."""
+    out = client.chat.completions.create(
+        model=server.model_name, messages=WEATHER_QUESTION, tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice="required", parallel_tool_calls=False, max_tokens=120, temperature=1.0,
+        seed=5, n=3,
+    )  # fmt: skip
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        (call,) = choice.message.tool_calls
+        jsonschema.validate(
+            json.loads(call.function.arguments), TOOL_PARAMETERS[call.function.name]
+        )
+
+
 def test_a_tool_result_fed_back_gets_an_answer(server, client):
     tools = [WEATHER_TOOL]
     first = client.chat.completions.create(
