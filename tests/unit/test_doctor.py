@@ -141,6 +141,44 @@ def test_a_fault_makes_doctor_fail_and_name_it(monkeypatch, capsys) -> None:
     assert "2 of" in out and "checks FAILED" in out and "triton decode: max error" in out
 
 
+def _small_grid(monkeypatch) -> None:
+    from minisgl.doctor import checks
+
+    monkeypatch.setenv("MINISGL_SELF_CHECK_ON_CPU", "1")
+    monkeypatch.delenv("MINISGL_INJECT_FAULTS", raising=False)
+    monkeypatch.setattr(checks, "DTYPES", {"float16": checks.DTYPES["float16"]})
+    monkeypatch.setattr(checks, "HEAD_DIMS", (64,))
+    monkeypatch.setattr(checks, "GQA_RATIOS", (4,))
+    monkeypatch.setattr(checks, "PAGE_SIZES", (16,))
+
+
+def test_jsonl_writes_each_check_as_it_completes_and_a_cut_run_keeps_them(
+    monkeypatch, capsys
+) -> None:
+    from minisgl.doctor import main, probe
+
+    _small_grid(monkeypatch)
+    assert main(["--jsonl", "--probe-seconds", "0"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert list(lines[0]) == ["environment"] and lines[-1]["passed"] is True
+    checks = [line["check"] for line in lines if "check" in line]
+    names = [c["name"] for c in checks]
+    assert len(names) == len(set(names)) >= 6  # triton and torch at the shape, then the engine
+    assert any(n.startswith("engine float16") for n in names)
+    skipped = [line["not_checked"]["name"] for line in lines if "not_checked" in line]
+    assert "throughput" in skipped and lines[-2] == {"throughput": None}
+
+    def hung(*args):  # what the time limit's SIGINT does to a probe that never returns
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe, "run", hung)
+    with pytest.raises(KeyboardInterrupt):
+        main(["--jsonl", "--probe-seconds", "1"])
+    cut = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["check"]["name"] for line in cut if "check" in line] == names
+    assert "passed" not in cut[-1]
+
+
 def test_the_gpu_check_table_names_each_failed_check(tmp_path, capsys) -> None:
     """benchmarks/results_table.py --doctor, as gpu_check.sh prints it after the doctor."""
     import results_table
