@@ -1,7 +1,7 @@
 """`python -m minisgl doctor [--json]`: does the CUDA fast path work on this machine?
 
-Contract: one command a user runs on their machine, and the first thing
-benchmarks/gpu_check.sh runs. It prints the device, driver and torch/Triton/CUDA versions,
+Contract: one command a user runs on their machine, and the last step of
+benchmarks/first_contact.py. It prints the device, driver and torch/Triton/CUDA versions,
 then runs the engine's self-check (engine/selfcheck.py) at several shapes (checks.py): the
 attention backends at head dims 64 and 128, GQA ratios 1, 4 and 8, pages of 1 and 16
 tokens, decode batches across the CUDA-graph buckets, in bfloat16 and float16; then, for a
