@@ -69,7 +69,7 @@ lint: install
 	$(BIN)/ruff format --check minisgl tests benchmarks notebooks
 
 # wheels that a GPU machine without network lacks (Python 3.12, x86-64), for
-# benchmarks/gpu_check.sh; carried there in .whl/ (ignored by git)
+# benchmarks/first_contact.py; carried there in .whl/ (ignored by git)
 GPU_WHEELS := msgspec==0.23.0
 gpu-wheels:
 	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

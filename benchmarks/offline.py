@@ -8,7 +8,9 @@ output tokens / wall seconds (CUDA-synchronised on a GPU).
 
 Both engines run the same requests with the same weights in one process: our engine first,
 then transformers, built from the same config.json with every tensor copied out of our
-engine (so random `--dummy-weights` are shared exactly, and real weights too). Run from the
+engine (so random `--dummy-weights` are shared exactly, and real weights too). Our figure is
+printed, and written to `--json`, as soon as our run ends; the file is written again with
+the baseline's (`--baseline none`: none at all, our figure alone). Run from the
 repository root:
 
     python benchmarks/offline.py --num-seqs 16 --min-len 32 --max-len 128     # CPU
@@ -462,6 +464,11 @@ def main(argv=None) -> int:
         llm.generate(warm[0], greedy_params(warm[1]))
     ours, our_tokens, outputs = best_of(args.repeat, partial(run_minisgl, llm, prompts, max_tokens))
     failures = sanity_failures(outputs, max_tokens)
+    # our figure the moment it exists: a run cut short during the baseline still has it
+    print(f"minisgl: {ours.output_tokens} output tokens in {ours.seconds:.2f} s, "
+          f"{ours.tok_per_s:,.0f} tok/s", flush=True)  # fmt: skip
+    if args.json:
+        write_json(args.json, record(args, what_ran, [ours], None, None, failures))
 
     # Free our KV pool before transformers allocates its cache; keep only the weights.
     quantized = engine.quantization != "none"
@@ -499,17 +506,22 @@ def main(argv=None) -> int:
     report(results, check, failures, len(prompts))
 
     if args.json:
-        record = {
-            "args": vars(args),
-            **what_ran,
-            "baseline_batch_size": batch,
-            "results": [asdict(r) | {"tok_per_s": r.tok_per_s} for r in results],
-            "ratio": results[0].tok_per_s / results[1].tok_per_s if len(results) == 2 else None,
-            "check": check,
-            "sanity_failures": failures,
-        }
-        write_json(args.json, record)
+        write_json(args.json, record(args, what_ran, results, batch, check, failures))
     return 1 if failures else 0
+
+
+def record(args, what_ran: dict, results: list[Result], batch, check, failures) -> dict:
+    """The --json file: written with our result alone first, then again when the baseline
+    (if any) has run."""
+    return {
+        "args": vars(args),
+        **what_ran,
+        "baseline_batch_size": batch,
+        "results": [asdict(r) | {"tok_per_s": r.tok_per_s} for r in results],
+        "ratio": results[0].tok_per_s / results[1].tok_per_s if len(results) == 2 else None,
+        "check": check,
+        "sanity_failures": failures,
+    }
 
 
 if __name__ == "__main__":

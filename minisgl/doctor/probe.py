@@ -5,8 +5,9 @@ shape (Qwen3-0.6B's in bfloat16 on a GPU, with the engine's defaults: Triton att
 CUDA graphs, overlapped decode steps; SmolLM2-135M's, the embedded default model, in
 float32 on a CPU), spends half of `seconds` on prefill steps and half on decode steps
 (engine/sequences.py: the engine alone, no scheduler), and returns the figures, or None
-(with the reason added to `not_checked`) when it cannot run. The start-up self-check is
-skipped here: the checks before it ran it already.
+(with the reason added to `not_checked`) when it cannot run. `cuda_graph=False` runs the
+decode steps eagerly (--disable-cuda-graph), for what the graphs save. The start-up
+self-check is skipped here: the checks before it ran it already.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ WORKLOAD = {
 }
 
 
-def run(device: torch.device, seconds: float, not_checked: list[dict]) -> dict | None:
+def run(
+    device: torch.device, seconds: float, not_checked: list[dict], cuda_graph: bool = True
+) -> dict | None:
     if seconds <= 0:
         not_checked.append({"name": "throughput", "reason": "--probe-seconds 0"})
         return None
@@ -62,6 +65,7 @@ def run(device: torch.device, seconds: float, not_checked: list[dict]) -> dict |
                     model=str(model_dir), device=device.type, dummy_weights=True,
                     page_size=ps, num_pages=pages, max_running_requests=max(pb, db),
                     max_seq_len=max(plen + 1, dlen + most_new), self_check="skip",
+                    cuda_graph=cuda_graph,
                 )
             )  # fmt: skip
             rng = random.Random(0)

@@ -3,13 +3,36 @@
 Contract: `header(env)` prints the machine; `progress(checks)` shows on a terminal how many
 checks have run; `summary(doc)` prints one row per attention shape (a cell per check: ok or
 FAIL and the max error), one line per engine check, the throughput, what was not checked,
-every failure in full, and the verdict. Nothing here decides anything: the document built
+every failure in full, and the verdict. `JsonLines` is `--jsonl`'s writer: one line per
+part, flushed as it is written. Nothing here decides anything: the document built
 by checks.py and probe.py is the result.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from typing import TextIO
+
+
+class JsonLines:
+    """`--jsonl`: each result a JSON line, flushed at once, so a run cut short (a hung
+    kernel, a time limit) still leaves every line written before."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.written = 0  # checks written so far
+
+    def write(self, key: str | None, value) -> None:
+        """`{key: value}`, or `value` itself (a dict) when key is None."""
+        self.out.write(json.dumps(value if key is None else {key: value}) + "\n")
+        self.out.flush()
+
+    def checks(self, checks: list[dict]) -> None:
+        """The checks of `checks` (every check so far, in order) not yet written."""
+        for c in checks[self.written :]:
+            self.write("check", c)
+        self.written = max(self.written, len(checks))
 
 
 def header(env: dict) -> None:

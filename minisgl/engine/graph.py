@@ -88,17 +88,27 @@ class DecodeGraphRunner:
             return
         pool = None
         stream = torch.cuda.Stream()
-        for bs in reversed(self.buckets):  # largest first: the others reuse its memory
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile the Triton kernels, warm the allocator
+        # torch.cuda.graph makes its own side stream current and restores the caller's only
+        # after capture_end: a step that raises mid-capture makes capture_end raise too, and
+        # the side stream would stay current for every later step of this thread
+        caller = torch.cuda.current_stream()
+        try:
+            for bs in reversed(self.buckets):  # largest first: the others reuse its memory
+                stream.wait_stream(caller)
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # compile the Triton kernels, warm the allocator
+                        self._forward(bs)
+                caller.wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
                     self._forward(bs)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(bs)
-            pool = graph.pool()
-            self.graphs[bs] = graph
+                pool = graph.pool()
+                self.graphs[bs] = graph
+        except BaseException:
+            self.graphs.clear()  # no bucket replays a graph of a capture that failed
+            raise
+        finally:
+            torch.cuda.set_stream(caller)
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.buckets)
 

@@ -19,7 +19,8 @@ What, in order (each a list of `CheckResult`s in `results`):
    the torch backend is checked the same way and serves instead (without CUDA graphs,
    which only Triton's decode supports). The torch backend failing leaves nothing sound to
    serve with: start-up fails.
-2. cuda_graph: capturing every decode bucket (an exception: eager decode), then each
+2. cuda_graph: capturing every decode bucket (an exception: eager decode, unless it left
+   a sticky CUDA error, where nothing can run and start-up fails saying so), then each
    bucket's replay against the same step run eagerly, over real pages of the pool.
 3. overlap: asked by the scheduler when it is about to overlap (`overlap_ok`): the tokens
    of a few greedy sequences decoded with overlapped steps against synchronous ones,
@@ -92,6 +93,14 @@ class SelfCheck:
             except Exception as exc:
                 engine.graph_runner = None
                 capture = exception_result("cuda_graph capture", "cuda_graph", exc)
+                if (dead := cuda_context_error(engine.device)) is not None:
+                    # a sticky error (an illegal access, a device-side assert): every later
+                    # CUDA call fails, so there is no eager path to fall back to either
+                    self.results.append(capture)
+                    raise SelfCheckError(
+                        f"self-check: capturing the decode graphs failed ({capture.detail}) "
+                        f"and left the CUDA context unusable: {dead}"
+                    ) from exc
                 self._record([capture], "eager decode steps (no CUDA graphs)")
             else:
                 results = check_graphs(engine)
@@ -192,6 +201,19 @@ class SelfCheck:
 def exception_result(name: str, part: str, exc: BaseException, seconds: float = 0.0) -> CheckResult:
     detail = f"{type(exc).__name__}: {first_line(exc)}"
     return CheckResult(name, part, False, detail=detail, seconds=seconds)
+
+
+def cuda_context_error(device: torch.device) -> str | None:
+    """None while `device` still computes; else the error that says why not. After a sticky
+    CUDA error every call in the process fails with it, however small."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1).item()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {first_line(exc)}"
+    return None
 
 
 def _first_failure(results: list[CheckResult]) -> CheckResult:

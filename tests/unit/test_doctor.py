@@ -2,7 +2,7 @@
 it needs none of the server's dependencies.
 
 The whole doctor runs once in a subprocess in which FastAPI, uvicorn, pydantic, starlette
-and pyzmq cannot be imported (what the GPU machine of benchmarks/gpu_check.sh lacks), with
+and pyzmq cannot be imported (what the GPU machine of benchmarks/first_contact.py lacks), with
 the Triton kernels in Triton's interpreter; once more without triton, where it checks the
 torch backend and says what it could not. An in-process run at one shape with a fault
 injected into the engine's Triton backend must fail, exit 1 and name the check.
@@ -141,18 +141,66 @@ def test_a_fault_makes_doctor_fail_and_name_it(monkeypatch, capsys) -> None:
     assert "2 of" in out and "checks FAILED" in out and "triton decode: max error" in out
 
 
-def test_the_gpu_check_table_names_each_failed_check(tmp_path, capsys) -> None:
-    """benchmarks/results_table.py --doctor, as gpu_check.sh prints it after the doctor."""
+def _small_grid(monkeypatch) -> None:
+    from minisgl.doctor import checks
+
+    monkeypatch.setenv("MINISGL_SELF_CHECK_ON_CPU", "1")
+    monkeypatch.delenv("MINISGL_INJECT_FAULTS", raising=False)
+    monkeypatch.setattr(checks, "DTYPES", {"float16": checks.DTYPES["float16"]})
+    monkeypatch.setattr(checks, "HEAD_DIMS", (64,))
+    monkeypatch.setattr(checks, "GQA_RATIOS", (4,))
+    monkeypatch.setattr(checks, "PAGE_SIZES", (16,))
+
+
+def test_jsonl_writes_each_check_as_it_completes_and_a_cut_run_keeps_them(
+    monkeypatch, capsys
+) -> None:
+    from minisgl.doctor import main, probe
+
+    _small_grid(monkeypatch)
+    assert main(["--jsonl", "--probe-seconds", "0"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert list(lines[0]) == ["environment"] and lines[-1]["passed"] is True
+    checks = [line["check"] for line in lines if "check" in line]
+    names = [c["name"] for c in checks]
+    assert len(names) == len(set(names)) >= 6  # triton and torch at the shape, then the engine
+    assert any(n.startswith("engine float16") for n in names)
+    skipped = [line["not_checked"]["name"] for line in lines if "not_checked" in line]
+    assert "throughput" in skipped and lines[-2] == {"throughput": None}
+
+    def hung(*args):  # what the time limit's SIGINT does to a probe that never returns
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe, "run", hung)
+    with pytest.raises(KeyboardInterrupt):
+        main(["--jsonl", "--probe-seconds", "1"])
+    cut = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["check"]["name"] for line in cut if "check" in line] == names
+    assert "passed" not in cut[-1]
+
+
+def test_the_first_contact_table_names_each_failed_check_and_a_cut_step(tmp_path) -> None:
+    """benchmarks/results_table.py over first_contact.py's steps.jsonl, as the run writes
+    its summary.md after each step."""
     import results_table
 
-    assert results_table.main(str(tmp_path), doctor_only=True) == 0
-    assert "| doctor | no result (FileNotFoundError): see doctor.log" in capsys.readouterr().out
+    assert "no result (FileNotFoundError)" in results_table.table(tmp_path / "steps.jsonl")
     ok = {"name": "attention bfloat16 D=64 G=1 page=1: triton store", "passed": True,
           "max_error": 0.0, "detail": "..."}  # fmt: skip
     bad = {"name": "engine bfloat16 (...): cuda_graph bs=8", "passed": False, "max_error": 0.4,
            "detail": "8 rows, replayed"}  # fmt: skip
-    (tmp_path / "doctor.json").write_text(json.dumps({"checks": [ok, bad], "throughput": None}))
-    assert results_table.main(str(tmp_path)) == 0
-    out = capsys.readouterr().out
-    assert "| doctor | 1/2 checks passed | 1 FAILED |" in out
-    assert "| doctor FAILED | engine bfloat16 (...): cuda_graph bs=8: max error 0.4 |" in out
+    lines = [
+        {"step": "run", "event": "start", "dry_run": False, "commit": "abc1234"},
+        {"step": "doctor", "event": "start", "limit_s": 150},
+        {"step": "doctor", "event": "record", "record": {"check": ok}},
+        {"step": "doctor", "event": "record", "record": {"check": bad}},
+        {"step": "doctor", "event": "end", "status": "timeout", "limit_s": 150, "seconds": 151,
+         "signals": ["SIGINT"], "cuda_error": "CUDA error: an illegal memory access", "tail": []},
+    ]  # fmt: skip
+    text = "\n".join(json.dumps(x) for x in lines) + '\n{"step": "doctor", "ev'  # cut mid-line
+    (tmp_path / "steps.jsonl").write_text(text)
+    out = results_table.table(tmp_path / "steps.jsonl")
+    assert "commit abc1234" in out
+    assert "| doctor | timeout (SIGINT at 150 s) | 151 | CUDA error: CUDA error: an illegal" in out
+    assert "1/2 checks passed" in out
+    assert "| doctor FAILED | engine bfloat16 (...): cuda_graph bs=8: max error 0.4 | |" in out

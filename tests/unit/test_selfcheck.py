@@ -203,6 +203,33 @@ def test_a_broken_torch_backend_leaves_nothing_to_fall_back_to(
         tiny_cpu_engine(tiny_dirs["llama"], attention_backend="torch")
 
 
+def test_a_capture_that_leaves_a_sticky_cuda_error_fails_start_up_saying_so(
+    tiny_dirs, on_cpu, monkeypatch
+) -> None:
+    """After an illegal access every CUDA call fails: eager decode is no fallback."""
+    from minisgl.engine import selfcheck
+
+    on_cpu("graph-capture")
+    sticky = "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    monkeypatch.setattr(selfcheck, "cuda_context_error", lambda device: sticky)
+    with pytest.raises(SelfCheckError, match="left the CUDA context unusable: AcceleratorError"):
+        tiny_cpu_engine(tiny_dirs["llama"], **TRITON)
+
+
+def test_a_context_that_still_computes_has_no_error(monkeypatch) -> None:
+    from minisgl.engine.selfcheck import cuda_context_error
+
+    assert cuda_context_error(torch.device("cpu")) is None
+
+    def raise_sticky(*a):
+        raise RuntimeError("CUDA error: unspecified launch failure\nCUDA kernel errors ...")
+
+    monkeypatch.setattr(torch.cuda, "synchronize", raise_sticky)
+    assert cuda_context_error(torch.device("cuda")) == (
+        "RuntimeError: CUDA error: unspecified launch failure"
+    )
+
+
 def test_skip_checks_nothing_and_catches_nothing(tiny_dirs, on_cpu) -> None:
     engine = tiny_cpu_engine(tiny_dirs["llama"], self_check="skip")
     assert engine.self_check.results == [] and engine.check_overlap()
