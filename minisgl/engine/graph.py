@@ -16,7 +16,10 @@ the same buffers run eagerly, which is how the padding is tested without a GPU.
 
 The runner is built without graphs; `capture()` records them (the engine calls it after the
 start-up self-check has passed the attention backend, and checks every bucket's replay
-against the same step run eagerly: engine/selfcheck.py).
+against the same step run eagerly: engine/selfcheck.py). Capture runs under
+`torch.inference_mode()`, as every serving forward does (the engine's `launch`): a forward
+recorded with autograd on would leave the logits buffer holding the history of every capture
+forward, all their activations (tens of KiB per layer per row), for the process's life.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class DecodeGraphRunner:
         }
         self.steps = 0  # decode steps run through the fixed buffers
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.records = dev.type == "cuda"  # whether capture() records graphs (CUDA only)
 
     def can_run(self, batch: Batch) -> bool:
         """One new token per request, each of which samples (a recomputed prompt's
@@ -82,9 +86,10 @@ class DecodeGraphRunner:
 
     # --8<-- [end:graph_forward]
 
+    @torch.inference_mode()
     def capture(self) -> None:
         """Record one CUDA graph per bucket; on a CPU there is nothing to record."""
-        if self.buffers.input_ids.device.type != "cuda":
+        if not self.records:
             return
         pool = None
         stream = torch.cuda.Stream()

@@ -5,7 +5,7 @@ Contract:
   Unset (None): "gguf" when the model folder links the GGUF file it was converted from
   (`model.gguf`, written by gguf.py) and the device is a CPU, else "none". A combination
   that cannot run raises ValueError saying why in one line.
-- `load_model(...)` returns the model on `device` in eval mode:
+- `load_model(...)` returns the model on `device` in eval mode, no parameter requiring grad:
   - "none": float weights from the checkpoint (or random, `dummy_weights`), as before;
   - "gguf": the GGUF's own blocks (gguf_quant.py) packed into `Int4Linear`s; no float
     copy of a quantized matrix is ever made (the linears are placeholders on "meta" until
@@ -107,7 +107,9 @@ def load_model(
         if quantization == "int8":
             _round_to_int8(model, dtype)
             release_freed_memory()  # the float weights
-    return model.eval()
+    # no parameter asks for gradients: a forward run outside inference mode then records no
+    # history either (the engine runs every forward inside it)
+    return model.requires_grad_(False).eval()
 
 
 def release_freed_memory() -> None:

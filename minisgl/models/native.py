@@ -39,7 +39,10 @@ compiled on first use with the machine's C compiler (`CC`, else `cc`; `-O3 -marc
 -fopenmp`) into the user's cache folder, keyed by the sources, the flags and the CPU, and
 loaded with ctypes; `decoder.kernel` names the matrix-vector kernel that build chose.
 OpenMP resolves to the runtime torch has loaded already (the same soname), so both share
-one pool of threads and torch's thread count.
+one pool of threads and torch's thread count. Where the compiler refuses `-fopenmp`
+(Apple's clang) the same source is built without it, on one thread, and one warning says
+how to get every core; the engine's start-up race (engine/race.py) then keeps it only
+where it still beats torch.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-m
          "-shared", "-fPIC", "-std=gnu11"]  # fmt: skip
 if platform.machine() in ("x86_64", "AMD64"):
     FLAGS.append("-mprefer-vector-width=512")  # AVX-512 where the CPU has it
+# where the compiler refuses OpenMP (Apple's clang): the same code on one thread (its
+# `#pragma omp` lines are then ignored; it calls no OpenMP function)
+SERIAL_FLAGS = [flag for flag in FLAGS if flag != "-fopenmp"]
 
 
 class _Weight(ctypes.Structure):
@@ -141,8 +147,27 @@ def library() -> ctypes.CDLL | str:
         try:
             _library = _load(_compile())
         except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-            _library = f"native decode unavailable: {e}"
+            _library = _without_openmp(e)
     return _library
+
+
+def _without_openmp(failed: Exception) -> ctypes.CDLL | str:
+    """The library built on one thread where the OpenMP build failed (and only OpenMP was
+    missing: this build succeeds), said in one line; else why there is none."""
+    try:
+        lib = _load(_compile(SERIAL_FLAGS))
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return f"native decode unavailable: {failed}"
+    cc = os.environ.get("CC", "cc")
+    if platform.system() == "Darwin":
+        how = (
+            "Apple's clang has no OpenMP; for every core set CC to a compiler with it, e.g. "
+            "Homebrew's llvm (brew install llvm libomp; CC=$(brew --prefix llvm)/bin/clang)"
+        )
+    else:
+        how = f"{cc} cannot build with -fopenmp; install its OpenMP runtime for every core"
+    logger.warning("native decode step built without OpenMP, on one thread: %s", how)
+    return lib
 
 
 def _cpu_key() -> str:

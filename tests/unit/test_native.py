@@ -18,6 +18,10 @@
 - Where the step cannot run natively (no C compiler, float weights), the engine says why
   and serves on torch; where the start-up check finds the native kernel disagreeing with
   torch's (faked here by skewing torch's), it falls back and reports itself degraded.
+- A compiler that refuses -fopenmp (as Apple's clang does; a wrapper here) gets the same
+  source built on one thread, with one line saying how to get every core.
+- The start-up race (engine/race.py) keeps the faster of the two paths: timings injected,
+  each way; the steps it races compute the same decode step and write only scratch.
 """
 
 from __future__ import annotations
@@ -312,3 +316,111 @@ def test_float_weights_are_named_as_the_reason(tiny_dirs):
     decoder, why = native.NativeDecoder.build(model, Pool())
     assert decoder is None
     assert why == "Linear weights (the native path reads int4-packed ones)"
+
+
+def test_a_compiler_without_openmp_builds_the_step_on_one_thread_and_says_how(
+    tmp_path, monkeypatch, caplog
+):
+    """As Apple's clang does: -fopenmp refused. The same source is built without it (its
+    pragmas ignored), computes what the OpenMP build does, and one line says how to get
+    every core."""
+    cc = tmp_path / "cc-without-openmp"
+    cc.write_text(
+        '#!/bin/sh\nfor a in "$@"; do [ "$a" = -fopenmp ] && '
+        "{ echo \"clang: error: unsupported option '-fopenmp'\" >&2; exit 1; }; done\n"
+        'exec cc "$@"\n'
+    )
+    cc.chmod(0o755)
+    monkeypatch.setattr(native, "_library", None)  # forget the compiled library
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    caplog.set_level("INFO")
+    lib = native.library()
+    assert not isinstance(lib, str), lib
+    lines = [r.getMessage() for r in caplog.records if "OpenMP" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert lines[0].startswith("native decode step built without OpenMP, on one thread: ")
+    assert (
+        "brew install llvm libomp" in lines[0]
+        if platform.system() == "Darwin"
+        else f"{cc} cannot build with -fopenmp" in lines[0]
+    )
+    gq = _group_quant(130, 256, 4, seed=2)
+    layer = Int4Linear(gq)
+    x = torch.randn(256, generator=torch.Generator().manual_seed(1))
+    want = layer.rows(torch.arange(130)) @ x
+    assert ((native.matmul(layer, x, lib) - want).abs() <= _rounding_bound(layer.rows(
+        torch.arange(130)), x)).all()  # fmt: skip
+
+
+def test_a_compiler_that_builds_nothing_is_the_first_builds_reason(tmp_path, monkeypatch):
+    cc = tmp_path / "broken-cc"
+    cc.write_text('#!/bin/sh\necho "broken-cc: internal error" >&2\nexit 1\n')
+    cc.chmod(0o755)
+    monkeypatch.setattr(native, "_library", None)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert native.library() == f"native decode unavailable: {cc} failed: broken-cc: internal error"
+
+
+# ---------------------------------------------------------------- native or torch: the race
+def test_the_race_takes_turns_and_keeps_each_paths_best_time():
+    from minisgl.engine import race
+
+    order = []
+    paths = {"native": lambda: order.append("n"), "torch": lambda: order.append("t")}
+    # start and end of each measured step: native 5 s then 2 s, torch 1 s then 9 s
+    clock = iter([0.0, 5.0, 5.0, 6.0, 10.0, 12.0, 20.0, 29.0]).__next__
+    best = race.race(paths, rounds=2, clock=clock)
+    assert order == ["n", "t", "n", "t", "n", "t"]  # once unmeasured, then taking turns
+    assert best == {"native": 2.0, "torch": 1.0}
+    assert race.pick(best) == (
+        "torch",
+        "torch is faster here (native 2000.00 ms, torch 1000.00 ms)",
+    )
+    assert race.pick({"native": 0.0031, "torch": 0.0102})[0] == "native"
+
+
+@pytest.mark.parametrize(
+    "times", [{"native": 0.012, "torch": 0.004}, {"native": 0.003, "torch": 0.01}]
+)
+def test_the_engine_keeps_the_faster_decode_path(times, gguf_dir, monkeypatch, caplog):  # noqa: F811
+    """Timings injected into the engine's start-up race: torch faster -> decode steps on
+    torch (not a fallback: nothing is degraded); native faster -> native steps."""
+    from minisgl.engine import race
+
+    raced = []
+    monkeypatch.setattr(race, "race", lambda paths, **kw: raced.append(sorted(paths)) or times)
+    caplog.set_level("INFO")
+    llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization="gguf")
+    assert raced == [["native", "torch"]]
+    native_won = times["native"] < times["torch"]
+    assert (llm.engine.runner.native is not None) == native_won and llm.engine.degraded == {}
+    figures = f"(native {times['native'] * 1e3:.2f} ms, torch {times['torch'] * 1e3:.2f} ms)"
+    lines = [r.getMessage() for r in caplog.records if "is faster here" in r.getMessage()]
+    assert len(lines) == 1 and figures in lines[0]
+    assert lines[0].startswith(
+        "decode steps run natively" if native_won else "decode steps run on torch: torch"
+    )
+    out = llm.generate([PROMPTS[0]], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+
+
+def test_the_raced_steps_compute_the_same_decode_step(gguf_dir):  # noqa: F811
+    """What is raced is one decode step both ways: the same logits (within the native
+    check's 2 %), and neither touches a page a request could hold."""
+    from minisgl.engine.race import decode_steps
+
+    llm = LLM(str(gguf_dir), device="cpu", page_size=4, quantization="gguf")
+    engine, decoder = llm.engine, llm.engine.runner.native
+    assert decoder is not None
+    scratch = engine.pool.scratch_page
+    engine.pool.k[:, engine.pool.scratch_slot :].zero_()  # (the start-up race wrote there)
+    before = engine.pool.k.clone()
+    steps = decode_steps(engine, decoder, 1)
+    got, want = steps["native"](), steps["torch"]()
+    assert got.shape == want.shape == (1, engine.model_config.vocab_size)
+    assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    bits = engine.pool.k.view(torch.int32) != before.view(torch.int32)  # (L, slots, Hkv, D)
+    pages = bits.view(bits.shape[0], -1, engine.page_size, *bits.shape[2:]).flatten(2).any(-1)
+    assert pages.any(0).nonzero().flatten().tolist() == [scratch]  # written: the scratch page

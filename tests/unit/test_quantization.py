@@ -346,6 +346,18 @@ def test_quantization_is_resolved_or_refused_with_a_reason(gguf_dir, tiny_dirs):
         resolve_quantization("int3", gguf_dir, cpu)
 
 
+def test_no_parameter_requires_grad_after_loading_gguf_blocks(gguf_dir):
+    """(The float loaders: tests/unit/test_no_autograd.py.)"""
+    from minisgl.distributed import TPInfo
+    from minisgl.models.config import ModelConfig
+    from minisgl.models.loader import load_model
+
+    model = load_model(ModelConfig.from_dir(gguf_dir), TPInfo(0, 1), gguf_dir,
+                       torch.device("cpu"), torch.float32, quantization="gguf")  # fmt: skip
+    assert isinstance(model.lm_head, Int4Linear) and list(model.parameters())  # the norms
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == []
+
+
 # ------------------------------------------------------------------ the embedded model
 def test_the_embedded_model_serves_its_own_blocks_with_the_float_paths_greedy_tokens():
     """The first 16 greedy tokens of the chapter's completion prompt: their margins are

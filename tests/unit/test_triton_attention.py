@@ -81,3 +81,78 @@ def test_triton_bf16_at_qwen3_shapes_is_close_to_float32(phase) -> None:
     ).float()
     rel = (got - expected).norm() / expected.norm()
     assert rel < 2e-2, f"relative error {rel:.4f}"
+
+
+# ---------------------------------------------------------------- one compiled prefill kernel
+def _specialization(kernel, **jit_options):
+    """f(*args, **kwargs) -> the specialization Triton compiles `kernel` for (its cache key
+    less the device and options), computed by Triton's own binder; `jit_options` replace
+    the kernel's (e.g. do_not_specialize=[] for the default). Under TRITON_INTERPRET=1 the
+    kernel is an InterpretedFunction: the JITFunction of the same source is made here."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    options = dict(getattr(kernel, "kwargs", {}))  # the interpreter keeps jit()'s options
+    if isinstance(kernel, JITFunction):
+        names = ("do_not_specialize", "do_not_specialize_on_alignment")
+        options = {name: getattr(kernel, name) for name in names}
+    jit = JITFunction(kernel.fn, **(options | jit_options))
+    binder = create_function_from_signature(jit.signature, jit.params, BaseBackend)
+    return lambda *args, **kwargs: repr(binder(*args, **kwargs)[1])
+
+
+def test_one_prefill_kernel_serves_the_offline_workload_and_the_self_check_warms_it(
+    tiny_dirs, monkeypatch
+) -> None:
+    """The offline benchmark's workload (benchmarks/offline.py, shrunk to the tiny model)
+    through the real scheduler and the Triton backend: prefill steps of one to four
+    requests, chunked, mixed with decodes, each argument set the prefill kernel is launched
+    with keyed as Triton keys its compiled kernels. One kernel serves them all, and it is
+    the one the start-up self-check launches first (so no step compiles)."""
+    import offline
+
+    from minisgl import LLM, SamplingParams
+    from minisgl.attention import triton_kernels as tk
+
+    plain = dict(do_not_specialize=[], do_not_specialize_on_alignment=[])  # Triton's default
+    try:
+        ours, default = (
+            _specialization(tk._prefill_kernel),
+            _specialization(tk._prefill_kernel, **plain),
+        )
+    except (ImportError, AttributeError, TypeError) as exc:  # Triton's internals moved
+        pytest.skip(f"this triton computes its specializations elsewhere: {exc}")
+    real = tk._prefill_kernel
+    calls: list[tuple[str, str, list[int]]] = []  # (ours, Triton's default, facts)
+
+    class Recorder:  # launches the real kernel, after keying its arguments
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                ext_lens, stride_bt = args[7], args[16]  # (B,) int32; the table's row stride
+                facts = [len(ext_lens), stride_bt, ext_lens.data_ptr() % 16]
+                calls.append((ours(*args, **kwargs), default(*args, **kwargs), facts))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(tk, "_prefill_kernel", Recorder())
+    monkeypatch.setenv("MINISGL_SELF_CHECK_ON_CPU", "1")
+    llm = LLM(str(tiny_dirs["llama"]), device="cpu", page_size=16, max_seq_len=64,
+              attention_backend="triton", max_running_requests=4, max_prefill_tokens=24)  # fmt: skip
+    assert llm.engine.self_check.enabled and not llm.engine.degraded
+    warmed = {key for key, _, _ in calls}
+    at_startup = len(calls)
+    prompts, max_tokens = offline.make_workload(10, 1, 40)
+    prompts = [[t % 500 + 3 for t in p] for p in prompts]  # the tiny model's vocabulary
+    params = [SamplingParams(max_tokens=min(n, 3), ignore_eos=True) for n in max_tokens]
+    llm.generate(prompts, params)
+
+    served = calls[at_startup:]
+    assert len(served) >= 2 * 5  # two layers, several prefill steps
+    batch_sizes = {b for _, _, (b, _, _) in served}
+    strides = {s for _, _, (_, s, _) in served}
+    assert len(batch_sizes) > 1 and any(b % 4 for b in batch_sizes)  # unpadded: misaligned
+    assert 1 in strides and len(strides) > 1  # the longest request's page count
+    assert {align for _, _, (_, _, align) in served} == {0}  # every metadata array aligned
+    assert len({d for _, d, _ in served}) > 1  # what Triton's defaults would have compiled
+    assert {key for key, _, _ in served} == warmed and len(warmed) == 1
