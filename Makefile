@@ -2,6 +2,8 @@
 #   make run    serve the embedded default model (or ARGS="--model ...") on http://127.0.0.1:1919
 #   make test   the whole suite: unit, end-to-end, quiz, notebooks, and the site (built with the
 #               notebooks executed, every page opened in headless chromium: tests/site)
+#   make capstone  the quiz's capstone: the real server answering with your q3-q7
+#               (pytest tests/quiz --learner --capstone, chapters/quiz.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -10,7 +12,7 @@ ARGS   ?=
 MERMAID_VERSION := 11.6.0
 MERMAID := chapters/assets/vendor/mermaid.min.js
 
-.PHONY: install run test docs lint clean gpu-wheels browser
+.PHONY: install run test capstone docs lint clean gpu-wheels browser
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +60,9 @@ docs: install $(MERMAID)
 test: install $(MERMAID) browser
 	$(BIN)/python -m pytest -q
 	$(BIN)/python -m pytest -q --nbmake notebooks
+
+capstone: install
+	$(BIN)/python -m pytest tests/quiz --learner --capstone
 
 lint: install
 	$(BIN)/ruff check minisgl tests benchmarks notebooks scripts

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import signal
 import threading
+from typing import TYPE_CHECKING
 
 import uvicorn
 
@@ -31,6 +32,9 @@ from .connections import default_max_connections, guarded, quiet_accept_errors
 from .frontend import FrontendManager
 from .supervisor import Supervisor, WorkerStartError, local_ranks
 from .workers import FRONTEND_WIRE
+
+if TYPE_CHECKING:
+    from .quiz_pieces import QuizPieces
 
 logger = logging.getLogger(__name__)
 
@@ -54,13 +58,16 @@ class SupervisedServer(uvicorn.Server):
 
 
 def connect_frontend(
-    channels: IpcChannels, args: ServerArgs, supervisor: Supervisor | None = None
+    channels: IpcChannels,
+    args: ServerArgs,
+    supervisor: Supervisor | None = None,
+    pieces: QuizPieces | None = None,
 ) -> FrontendManager:
     """A FrontendManager wired to the tokenizer worker; with a `supervisor`, it refuses
-    requests while a worker is silent."""
+    requests while a worker is silent; with `pieces`, it runs the quiz's (quiz_pieces.py)."""
     to_tokenizer = PushQueue(channels.tokenizer, TokenizerMsg)
     inbox = AsyncPullQueue(channels.frontend, FRONTEND_WIRE)
-    return FrontendManager(
+    return (pieces.frontend if pieces is not None else FrontendManager)(
         to_tokenizer.put,
         inbox.get,
         max_pending_bytes=args.max_pending_bytes,
@@ -92,12 +99,14 @@ def launch_ranks(args: ServerArgs) -> int:
 
 def launch_server(args: ServerArgs) -> int:
     from .api_server import create_app
+    from .quiz_pieces import from_environment
 
     if args.node_rank > 0:  # node 0 serves; the others only run their ranks
         return launch_ranks(args)
+    pieces = from_environment()  # a learner's quiz code in place of ours (quiz_pieces.py)
     try:
         with Supervisor(args).running() as supervisor:
-            frontend = connect_frontend(supervisor.channels, args, supervisor)
+            frontend = connect_frontend(supervisor.channels, args, supervisor, pieces)
             # the parts of the CUDA fast path the engine's self-check fell back from
             degraded = supervisor.degraded
             app = create_app(
@@ -107,6 +116,8 @@ def launch_server(args: ServerArgs) -> int:
                 max_model_len=supervisor.scheduler_info.get("max_seq_len"),
                 degraded=degraded,
             )
+            if pieces is not None:
+                pieces.install(app)
             config = uvicorn.Config(
                 app,
                 host=args.host,

@@ -13,6 +13,13 @@ Contract:
   failed (in Chinese, as the chapter): how many of its tests failed, the file to edit,
   what the first failing test observed, the first hint of the exercise's docstring and the
   command to check again. `--tb=short` (or any --tb) brings the tracebacks back.
+- `--capstone` runs the capstone instead (test_capstone.py, and nothing else): the real
+  server with q3-q7 of the folder under test in its request path. Its summary has one
+  message per failing check: what it observed, the files likely at fault, a hint, and where
+  the server's log is. Without `--capstone` that file is not collected; its self-test
+  (test_capstone_works.py) runs with the material's, never in a learner's or capstone run.
+  `--capstone-model DIR` (not listed in --help) serves that checkpoint instead of building
+  the tiny one.
 """
 
 from __future__ import annotations
@@ -23,10 +30,19 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+import quiz_capstone
 from quiz_material import EXERCISES, QUESTIONS, QUIZ, ROOT, SOLUTIONS, load
 
-SELF_TEST = "test_exercises_work.py"
+SELF_TESTS = ("test_exercises_work.py", "test_capstone_works.py")
+CAPSTONE = "test_capstone.py"
 FAILED = pytest.StashKey[dict]()  # question -> [tests failed, what the first one observed]
+# capstone check's nodeid -> (its title, what it observed, the files at fault, the hint)
+CHECKS_FAILED = pytest.StashKey[dict]()
+START = (
+    "服务器启动并接受请求",
+    ("q3", "q4", "q5", "q6", "q7"),
+    "服务器在回答请求之前就出了错：先让 pytest tests/quiz --learner 全部通过，再看服务器的日志",
+)
 TEST_TIMEOUT = 30  # seconds; a quiz test takes well under one
 
 
@@ -38,12 +54,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the quiz against your own files in tests/quiz/exercises/",
     )
     group.addoption("--learner-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    group.addoption(
+        "--capstone",
+        action="store_true",
+        help="the capstone: the real server answering with q3-q7 (with --learner: yours)",
+    )
+    group.addoption("--capstone-model", type=Path, default=None, help=argparse.SUPPRESS)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for name, (_, question) in QUESTIONS.items():
         config.addinivalue_line("markers", f"{name}: quiz question {name[1:]}: {question}")
+    config.addinivalue_line(
+        "markers", "capstone(title, files, hint): one check of the capstone (test_capstone.py)"
+    )
     config.stash[FAILED] = {}
+    config.stash[CHECKS_FAILED] = {}
     if learner_dir(config) is not None and config.getoption("tbstyle") == "auto":
         config.option.tbstyle = "no"  # the summary below says it in a few lines instead
         config.option.reportchars = ""
@@ -57,7 +83,12 @@ def learner_dir(config: pytest.Config) -> Path | None:
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    if collection_path.name == SELF_TEST and learner_dir(config) is not None:
+    if collection_path.parent != QUIZ or not collection_path.name.startswith("test_"):
+        return None
+    capstone = config.getoption("capstone")
+    if capstone or collection_path.name == CAPSTONE:
+        return collection_path.name != CAPSTONE or not capstone
+    if collection_path.name in SELF_TESTS and learner_dir(config) is not None:
         return True
     return None
 
@@ -89,9 +120,34 @@ def exercise(request: pytest.FixtureRequest) -> ModuleType:
     return load((learner_dir(request.config) or SOLUTIONS) / filename)
 
 
+@pytest.fixture(scope="session")
+def pieces_dir(request: pytest.FixtureRequest) -> Path:
+    """The folder whose q3-q7 the capstone's server runs."""
+    return learner_dir(request.config) or SOLUTIONS
+
+
+@pytest.fixture(scope="session")
+def capstone_model(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
+    given = request.config.getoption("capstone_model")
+    return given or quiz_capstone.tiny_model(tmp_path_factory.mktemp("capstone-model"))
+
+
+@pytest.fixture(scope="module")
+def capstone_server(request: pytest.FixtureRequest, capstone_model: Path, pieces_dir: Path):
+    server = quiz_capstone.start(capstone_model, pieces_dir)
+    request.config.stash[quiz_capstone.LOG] = server.log_path
+    yield server
+    server.stop()
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
+    check = item.get_closest_marker("capstone")
+    if report.failed and check is not None:
+        # a server that fails to start fails every check alike: say it once
+        key, said = ("setup", START) if report.when == "setup" else (item.nodeid, check.args)
+        item.config.stash[CHECKS_FAILED].setdefault(key, (*said, _observed(call)))
     where = learner_dir(item.config)
     if report.failed and where is not None and "exercise" in getattr(item, "fixturenames", ()):
         question = question_of(item)
@@ -102,6 +158,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    _capstone_summary(terminalreporter, config)
     where = learner_dir(config)
     failed = config.stash.get(FAILED, {})
     if where is None or not failed:
@@ -117,6 +174,24 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         if hint:
             terminalreporter.write_line(f"  提示：{hint}")
         terminalreporter.write_line(f"  再检查：pytest tests/quiz --learner -m {question}")
+
+
+def _capstone_summary(terminalreporter, config: pytest.Config) -> None:
+    failed = config.stash.get(CHECKS_FAILED, {})
+    if not failed:
+        return
+    where = learner_dir(config) or SOLUTIONS
+    terminalreporter.section("综合练习：还没通过的检查")
+    for title, files, hint, observed in failed.values():
+        terminalreporter.write_line(f"「{title}」没通过。")
+        terminalreporter.write_line(f"  看到的：{observed}")
+        shown = "、".join(str(_shown(where, q)) for q in files)
+        terminalreporter.write_line(f"  可能要改的文件：{shown}")
+        terminalreporter.write_line(f"  提示：{hint}")
+    if quiz_capstone.LOG in config.stash:
+        terminalreporter.write_line(f"服务器的日志：{config.stash[quiz_capstone.LOG]}")
+    if where == EXERCISES:
+        terminalreporter.write_line("再检查：pytest tests/quiz --learner --capstone")
 
 
 def _shown(where: Path, question: str) -> Path:
