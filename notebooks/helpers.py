@@ -7,9 +7,11 @@
   /debug/lifecycle at hand (`minisgl.testing.server.RunningServer`); stopped by `stop()`
   or, at the latest, when the kernel exits.
 - `show(fig)`: displays a matplotlib figure drawn with the Agg backend (no display needed).
-  Figures are labelled in Chinese: matplotlib uses Noto Sans CJK (fonts-noto-cjk, which
-  `make test` installs for the site test), with DejaVu Sans for the rest; without a CJK
-  font the Chinese glyphs are missing, and matplotlib's warning about it is silenced.
+  Figures are labelled in Chinese, drawn with the font shipped in notebooks/fonts/ (Noto
+  Sans CJK SC cut down to the characters the notebooks use, `CJK_FONT`), with matplotlib's
+  DejaVu Sans for anything else: no font need be installed. A character in neither makes
+  matplotlib warn "Glyph ... missing from font(s)" on stderr, which fails the site's test;
+  notebooks/fonts/make_subset.py adds new characters to the font.
 - Log records of minisgl (a frontend's warning about a slow client, say) are printed to
   the notebook's stdout, as one line each, rather than to stderr.
 - `checks`: the exercises' checks (notebooks/checks.py), imported here for the notebooks.
@@ -22,6 +24,7 @@ import io
 import logging
 import sys
 import warnings
+from pathlib import Path
 
 import matplotlib
 
@@ -41,25 +44,12 @@ from minisgl.testing.server import (  # noqa: E402
 )
 
 # ---------------------------------------------------------------- plots
-CJK_FONTS = ("Noto Sans CJK SC", "Noto Sans CJK JP", "Noto Sans CJK TC")
-
-
-def _cjk_font() -> str | None:
-    """The first CJK font matplotlib knows of, registering the system's CJK font files
-    first if its font cache was built before they were installed."""
-    names = {f.name for f in font_manager.fontManager.ttflist}
-    if not names.intersection(CJK_FONTS):
-        for path in font_manager.findSystemFonts():
-            if "cjk" in path.lower():
-                font_manager.fontManager.addfont(path)
-        names = {f.name for f in font_manager.fontManager.ttflist}
-    return next((name for name in CJK_FONTS if name in names), None)
-
-
-_CJK = _cjk_font()
-plt.rcParams["font.family"] = [*([_CJK] if _CJK else []), "DejaVu Sans"]
-plt.rcParams["axes.unicode_minus"] = False  # CJK fonts often lack U+2212
-warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from")  # no CJK font
+# the shipped subset, never a system font: the figures look the same on every machine
+CJK_FONT = Path(__file__).resolve().parent / "fonts" / "NotoSansSC-minisgl.otf"
+font_manager.fontManager.addfont(CJK_FONT)
+CJK_FAMILY = font_manager.FontProperties(fname=CJK_FONT).get_name()
+plt.rcParams["font.family"] = [CJK_FAMILY, "DejaVu Sans"]
+plt.rcParams["axes.unicode_minus"] = False  # "-" for negative numbers: the subset has no U+2212
 warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm without ipywidgets
 
 _log = logging.StreamHandler(sys.stdout)

@@ -10,8 +10,10 @@ Contract:
   - one visible h1, and as many h2/h3 as the page's source (.md or notebook markdown) has;
   - each mermaid block of the source rendered to an SVG (no syntax-error SVG) in which no
     two text boxes (node labels, subgraph titles, edge labels, actor/message/note texts)
-    overlap by more than 3 px each way (the lines of one multi-line label touch), shown at
-    three quarters of its size or more (readable at page width: a wider one scrolls);
+    overlap by more than 3 px each way (the lines of one multi-line label touch);
+  - each diagram fits the content column: the SVG no wider than its container, nothing in
+    the container scrolling sideways, and every one of those texts drawn at 11 px or more
+    after mermaid has scaled the diagram down to the column (legible, not just fitted);
   - no code or output block whose text runs past its box with nothing to scroll it, and
     no page wider than the window (1280 px);
   - each snippet (`--8<-- "file:section"`) rendered as highlighted code containing the
@@ -112,16 +114,21 @@ DIAGRAM_FACTS = """([selector, tolerance]) => [...document.querySelectorAll("div
     }
   }
   const vb = svg.viewBox && svg.viewBox.baseVal;
-  const style = getComputedStyle(host);
+  const scale = vb && vb.width ? r.width / vb.width : 1;  // < 1: shrunk to fit the column
+  const sizes = boxes.map((b) => ({text: b.text.slice(0, 40),
+                                   px: parseFloat(getComputedStyle(b.el).fontSize) * scale}));
+  const smallest = sizes.reduce((a, b) => (b.px < a.px ? b : a), {text: "", px: Infinity});
+  const scrolling = [host, ...host.shadowRoot.querySelectorAll("*")]
+    .filter((el) => el.scrollWidth > el.clientWidth + 1);
   return {width: r.width, height: r.height, error: /Syntax error/i.test(svg.textContent),
-          labels: boxes.length, overlaps,
-          scale: vb && vb.width ? r.width / vb.width : 1,  // < 1: shrunk to fit the page
-          clipped: host.scrollWidth > host.clientWidth + 1
-                   && !["auto", "scroll"].includes(style.overflowX)};
+          labels: boxes.length, overlaps, scale, smallest,
+          column: host.clientWidth,
+          scrolls: scrolling.map((el) => `${el.tagName.toLowerCase()} ${el.scrollWidth}/${el.clientWidth} px`)};
 })"""
 
-# a diagram shrunk below this is too small to read (mermaid's 16 px text at 12 px)
-MIN_DIAGRAM_SCALE = 0.75
+# a diagram's text, once mermaid has scaled the diagram down to the column, is at least
+# this big (material draws it at 16 px: 11 px is a diagram shrunk to about two thirds)
+MIN_TEXT_PX = 11
 
 # the search worker has loaded the index: the result list shows its placeholder line
 SEARCH_READY = """() => {
@@ -274,12 +281,27 @@ def test_every_mermaid_block_renders_to_svg_without_overlapping_labels(rendered)
                 yield f"diagram {i} did not render: {d}"
             elif d["labels"] < 2:
                 yield f"diagram {i}: only {d['labels']} text boxes found"
-            if d["scale"] < MIN_DIAGRAM_SCALE:
-                yield f"diagram {i} is shrunk to {d['scale']:.2f} of its size: too small to read"
-            if d["clipped"]:
-                yield f"diagram {i} is wider than the page and cannot be scrolled"
             for overlap in d["overlaps"]:
                 yield f"diagram {i}: text boxes overlap: {overlap}"
+
+    _check_all(rendered, check)
+
+
+def test_every_diagram_fits_the_column_with_legible_text(rendered):
+    assert any(p.diagrams for p in rendered), "no mermaid diagram found on any page"
+
+    def check(page):
+        for i, d in enumerate(page.diagrams, 1):
+            if d["width"] > d["column"] + 1:
+                yield f"diagram {i} is {d['width']:.0f} px wide, its column {d['column']} px"
+            for scrolling in d["scrolls"]:
+                yield f"diagram {i} scrolls sideways: {scrolling}"
+            small = d["smallest"]
+            if small["px"] < MIN_TEXT_PX:
+                yield (
+                    f"diagram {i}, scaled to {d['scale']:.2f} to fit, draws {small['text']!r} "
+                    f"at {small['px']:.1f} px (< {MIN_TEXT_PX}): shorten or break its labels"
+                )
 
     _check_all(rendered, check)
 
