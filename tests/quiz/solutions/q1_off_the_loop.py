@@ -11,8 +11,12 @@ import asyncio
 from collections.abc import Callable
 
 
+# --8<-- [start:off_the_loop]
 async def generate_off_the_loop(generate: Callable[[str], str], prompt: str) -> str:
     # 事件循环的线程只做 await：计算在一个工作线程里运行，await 把事件循环交还给
     # 其他所有协程，直到结果出来。minisgl 走得更远：分词和前向计算在别的进程里运行，
     # 所以它的路由只需要 await。
     return await asyncio.to_thread(generate, prompt)
+
+
+# --8<-- [end:off_the_loop]

@@ -18,6 +18,7 @@ from minisgl.message import TokenizeMsg
 from minisgl.server.chat import ChatCompletionRequest
 
 
+# --8<-- [start:tokenize_msg]
 def tokenize_msg(req: ChatCompletionRequest, uid: int, tools) -> TokenizeMsg:
     messages = [m.as_template_input() for m in req.messages]  # 聊天模板的输入
     return TokenizeMsg(
@@ -30,6 +31,9 @@ def tokenize_msg(req: ChatCompletionRequest, uid: int, tools) -> TokenizeMsg:
         continue_final_message=req.continue_final_message,
         chat_template_kwargs=req.template_kwargs(),
     )
+
+
+# --8<-- [end:tokenize_msg]
 
 
 def frontend_only_fields() -> set[str]:

@@ -17,6 +17,7 @@ from typing import NamedTuple
 from minisgl.message import UserReply
 
 
+# --8<-- [start:reply_inbox]
 class Taken(NamedTuple):
     text: str  # 上次取走之后送来的全部文本，按顺序
     finished: bool  # 这个请求的终止回复已经送到
@@ -40,3 +41,6 @@ class ReplyInbox:
     def take(self) -> Taken:
         text, self._pieces = "".join(self._pieces), []
         return Taken(text, self._finished)
+
+
+# --8<-- [end:reply_inbox]

@@ -14,6 +14,7 @@ from minisgl.server.buffer import Output
 from minisgl.server.frontend import RequestState
 
 
+# --8<-- [start:consumer_loop]
 async def wait_for_ack(state: RequestState) -> AsyncIterator[Output]:
     while True:
         await state.event.wait()
@@ -24,3 +25,6 @@ async def wait_for_ack(state: RequestState) -> AsyncIterator[Output]:
         yield output
         if output.finished:
             return
+
+
+# --8<-- [end:consumer_loop]

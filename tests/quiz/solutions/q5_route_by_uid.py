@@ -13,6 +13,7 @@ from minisgl.message import UserReply
 from minisgl.server.frontend import RequestState
 
 
+# --8<-- [start:route]
 def route(states: dict[int, RequestState], replies: list[UserReply]) -> None:
     for reply in replies:
         state = states.get(reply.uid)
@@ -22,3 +23,6 @@ def route(states: dict[int, RequestState], replies: list[UserReply]) -> None:
             state.event.set()
         if reply.finished:
             state.terminal = True
+
+
+# --8<-- [end:route]
