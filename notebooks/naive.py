@@ -142,6 +142,7 @@ class RefStyleManager(_Naive):
                     self.unread[reply.uid] = self.unread.get(reply.uid, 0) + n
                     self.event_map[reply.uid].set()
 
+    # --8<-- [start:ref_wait_for_ack]
     async def wait_for_ack(self, uid: int) -> AsyncIterator[UserReply]:
         event = self.event_map[uid]
         finished = False
@@ -158,6 +159,8 @@ class RefStyleManager(_Naive):
         # suspended at `yield` above, and closing it there skips these lines too
         del self.ack_map[uid]
         del self.event_map[uid]
+
+    # --8<-- [end:ref_wait_for_ack]
 
     async def abort_user(self, uid: int) -> None:
         """The reference's cancel: wait a fixed 0.1 s, then forget `uid` and tell the backend.

@@ -27,6 +27,7 @@ from minisgl.server.errors import to_http
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+# --8<-- [start:stream_chat]
 DONE = b"data: [DONE]\n\n"
 
 
@@ -72,3 +73,6 @@ async def stream_chat(outputs: AsyncIterator[Output], send: Send, model: str) ->
         if out.finished:
             return
         out = await anext(outputs)
+
+
+# --8<-- [end:stream_chat]

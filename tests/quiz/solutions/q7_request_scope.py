@@ -17,6 +17,7 @@ from minisgl.message import AbortMsg, TokenizeMsg, TokenizerMsg
 from minisgl.server.frontend import RequestState
 
 
+# --8<-- [start:request_scope]
 @asynccontextmanager
 async def request_scope(
     states: dict[int, RequestState],
@@ -38,3 +39,6 @@ async def request_scope(
         del states[uid]
         if not state.terminal:  # 提前离开：worker 也必须丢掉这个 uid
             send_one(AbortMsg(uid))
+
+
+# --8<-- [end:request_scope]
