@@ -47,7 +47,7 @@ TEXTS = [
     "startup", "stream", "full", "error-model", "error-type", "error-functions",
     "error-too-long", "openai", "lifecycle-busy", "lifecycle-after", "cached-usage",
     "metrics-prefix", "flush", "metrics", "health", "tools", "shell", "usage-stream",
-    "lifecycle-idle", "blocking", "responses", "prompt-scores",
+    "lifecycle-idle", "blocking", "full-response", "responses", "prompt-scores",
 ]  # fmt: skip
 COMMANDS = [
     "stream", "full", "error-model", "error-type", "error-functions", "error-too-long",
@@ -116,7 +116,7 @@ def chunks_against_tokens(tokens: int, n_text: int, reason: str) -> str:
         why.append(
             f"{'另外' if eos else '其中'} {merged} 个 token 的文本和别的 token 进了同一个数据块"
             "（客户端还没读走上一块时，"
-            "缓冲区把新来的文本合在一起，见第 3.2 节；半个 UTF-8 字符也要等下一个 token 补全）"
+            "缓冲区把新来的文本合在一起，见第 3.1 节；半个 UTF-8 字符也要等下一个 token 补全）"
         )
     return said + ("：" + "；".join(why) if why else f"，结束原因是 `{reason}`") + "。"
 
@@ -183,6 +183,10 @@ def run(out: Path) -> None:
     blocking = subprocess.Popen(  # independent of the server: runs meanwhile
         [sys.executable, str(EXAMPLES / "blocking.py")], stdout=subprocess.PIPE, text=True
     )
+    full = subprocess.run(
+        [sys.executable, str(EXAMPLES / "full_response.py")], capture_output=True, text=True
+    )
+    assert full.returncode == 0, f"chapters/examples/full_response.py failed:\n{full.stderr}"
     s = Session(out)
     try:
         _http_session(s)
@@ -190,6 +194,7 @@ def run(out: Path) -> None:
         s.close()
     s.write("blocking.txt", blocking.communicate(timeout=120)[0])
     assert blocking.returncode == 0, "chapters/examples/blocking.py failed"
+    s.write("full-response.txt", full.stdout)
     s.write("shell.txt", shell_transcript())
     (out / "live.json").write_text(json.dumps(s.live, ensure_ascii=False, indent=1))
     manifest = {

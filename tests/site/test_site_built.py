@@ -23,10 +23,14 @@ Contract:
 - No Markdown page is over `MAX_PAGE_CHARS` characters but those still to be split by
   topic (`TO_SPLIT`, now empty); beyond/, architecture/ and http-and-concurrency/6-gaps/
   hold the pages split from the long ones.
+- The walkthrough (every page of http-and-concurrency/) is at most `WALKTHROUGH_MAX_CHARS`
+  characters in all.
 - Each quiz question's exercise is offered (a 动手 box naming its file and
   `pytest tests/quiz --learner -m qN`) on the chapter page that introduces its idea, and
-  the minisgl code that answers it appears on the site only folded ("看 minisgl 的写法"),
-  after the box; the built page renders the box as an admonition and the fold closed.
+  the code that answers it (the quiz's reference solution, the minimal design, and
+  minisgl's) appears on the site only folded ("看 minisgl 的写法"), after the box; the built
+  page renders the box as an admonition and the fold closed. Read in the nav's order, the
+  boxes come q1, q2, ... q7.
 - No executed notebook shows anything on stderr.
 - No list item is swallowed by the paragraph before it (a `4.` or `-` line that Markdown
   took as a continuation, for want of a blank line).
@@ -62,13 +66,34 @@ CHAPTER = CHAPTERS / "http-and-concurrency"
 
 # the minisgl code that answers each quiz question: shown only folded, after its box
 ANSWERED_BY = {
-    "q1": ["minisgl/utils/zmq.py:push_put", "minisgl/utils/zmq.py:async_pull_get"],
-    "q2": ["minisgl/server/chat.py:chat_route", "minisgl/server/response.py:respond"],
-    "q3": ["minisgl/server/buffer.py:reply_buffer"],
-    "q4": ["minisgl/server/frontend.py:wait_for_ack"],
-    "q5": ["minisgl/server/frontend.py:listen"],
-    "q6": ["minisgl/server/response.py:stream_serve", "minisgl/server/formats.py:chunks"],
-    "q7": ["minisgl/server/frontend.py:request_scope"],
+    "q1": [
+        "tests/quiz/solutions/q1_off_the_loop.py:off_the_loop",
+        "minisgl/utils/zmq.py:push_put",
+        "minisgl/utils/zmq.py:async_pull_get",
+    ],
+    "q2": [
+        "tests/quiz/solutions/q2_request_fields.py:tokenize_msg",
+        "minisgl/server/chat.py:chat_route",
+        "minisgl/server/response.py:respond",
+    ],
+    "q3": [
+        "tests/quiz/solutions/q3_buffer_and_event.py:reply_inbox",
+        "minisgl/server/buffer.py:reply_buffer",
+    ],
+    "q4": [
+        "tests/quiz/solutions/q4_consumer_loop.py:consumer_loop",
+        "minisgl/server/frontend.py:wait_for_ack",
+    ],
+    "q5": ["tests/quiz/solutions/q5_route_by_uid.py:route", "minisgl/server/frontend.py:listen"],
+    "q6": [
+        "tests/quiz/solutions/q6_sse_stream.py:stream_chat",
+        "minisgl/server/response.py:stream_serve",
+        "minisgl/server/formats.py:chunks",
+    ],
+    "q7": [
+        "tests/quiz/solutions/q7_request_scope.py:request_scope",
+        "minisgl/server/frontend.py:request_scope",
+    ],
 }
 EXERCISE_FILES = {
     "q1": "q1_off_the_loop.py",
@@ -417,3 +442,28 @@ def test_no_list_item_is_swallowed_by_the_paragraph_before_it(site):
             if m := re.search(r"\n\s*(\d+\.|[-*]) \S.{0,40}", text):
                 swallowed.append(f"{page.relative_to(site)}: {m[0].strip()!r}")
     assert not swallowed, "list items rendered as paragraph text:\n" + "\n".join(swallowed)
+
+
+WALKTHROUGH_MAX_CHARS = 40_000
+
+
+def test_the_walkthrough_is_at_most_its_budget():
+    pages = sorted(CHAPTER.rglob("*.md"))
+    sizes = {str(p.relative_to(CHAPTER)): len(p.read_text(encoding="utf-8")) for p in pages}
+    assert sum(sizes.values()) <= WALKTHROUGH_MAX_CHARS, (
+        f"the walkthrough is {sum(sizes.values())} characters, over {WALKTHROUGH_MAX_CHARS}: "
+        + ", ".join(f"{name} {n}" for name, n in sorted(sizes.items(), key=lambda kv: -kv[1]))
+    )
+
+
+def nav_pages() -> list[Path]:
+    """The Markdown pages in the order of mkdocs.yml's nav: the order a reader meets them."""
+    after = (ROOT / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:\n", 1)[1]
+    nav = re.split(r"^\S", after, maxsplit=1, flags=re.M)[0]  # up to the next top-level key
+    return [CHAPTERS / m[1] for m in re.finditer(r":\s+(\S+\.md)\s*$", nav, re.M)]
+
+
+def test_the_exercises_come_in_reading_order():
+    """Read page by page in the nav's order, the 动手 boxes are q1, q2, ... q7."""
+    met = [question for page in nav_pages() for _, question, _ in boxes(page)]
+    assert met == sorted(EXERCISE_FILES), f"a reader meets the exercises in the order {met}"

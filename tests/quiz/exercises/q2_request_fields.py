@@ -18,7 +18,7 @@
   看它怎样处理 `max_tokens` 和 `max_completion_tokens`。
 - `TokenizeMsg`（minisgl/message/tokenizer.py）里没有表示流式的字段：
   那么 `stream` 在哪里起作用？其他不是采样参数的字段呢？
-- 第 2.1 节的表格列出了几个字段的去向，但没有列全。
+- 第 2.3 节的折叠里有一张表列出了几个字段的去向，但没有列全（写完再看）。
 
 检查：pytest tests/quiz --learner -m q2
 """

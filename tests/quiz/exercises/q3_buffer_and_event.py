@@ -11,7 +11,7 @@
 提示：
 - 事件只是一个标志：没人来看之前的五次 `set()` 只等于一次。这期间，五条回复的文本在哪里等着？
 - 反过来，没有事件的话，正在等的消费者怎样得知有东西到了？
-- `UserReply` 在 minisgl/message/frontend.py 里；第 3.2 节讨论了这两半。
+- `UserReply` 在 minisgl/message/frontend.py 里；第 3.1 节讨论了这两半。
 
 检查：pytest tests/quiz --learner -m q3
 """

@@ -11,7 +11,7 @@ AbortMsg。uid 没有状态的回复，或者请求已经结束之后的回复�
 提示：
 - `ReplyBuffer.append`（minisgl/server/buffer.py）返回消费者是否有新东西；只更新计数的回复不叫醒谁。
 - 迟到的回复属于哪些请求？如果监听协程为它腾出位置，哪个组件会泄漏？
-- 第 3.3 节和第 3.5 节讲了监听协程和 A1 B1 B2 A2 的情形；测试会把你的函数放在
+- 第 3.3 节和第 3.4 节讲了监听协程和 A1 B1 B2 A2 的情形；测试会把你的函数放在
   真实的 Tokenizer Worker 和一个假的 Scheduler 之间运行。
 
 检查：pytest tests/quiz --learner -m q5
