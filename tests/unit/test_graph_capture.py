@@ -77,6 +77,7 @@ def _runner(monkeypatch, fake: FakeCuda) -> DecodeGraphRunner:
     runner = DecodeGraphRunner.__new__(DecodeGraphRunner)  # only what capture() touches
     runner.buckets = [1, 2, 4]
     runner.graphs = {}
+    runner.records = True  # as on a CUDA device
     runner.buffers = SimpleNamespace(input_ids=SimpleNamespace(device=torch.device("cuda")))
     runner._forward = fake.forward
     return runner

@@ -81,6 +81,7 @@ def _fake_cuda(monkeypatch) -> None:
     monkeypatch.setattr(cuda, "Stream", _FakeStream)
     monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(cuda, "current_stream", lambda *a: _FakeStream())
+    monkeypatch.setattr(cuda, "set_stream", lambda s: None)
     monkeypatch.setattr(cuda, "CUDAGraph", _FakeGraph)
     monkeypatch.setattr(cuda, "graph", _fake_capture)
     monkeypatch.setattr(cuda, "synchronize", lambda *a: None)
