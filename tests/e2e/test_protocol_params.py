@@ -126,12 +126,16 @@ def test_n_choices_prefill_the_prompt_once_and_share_its_pages(server, client):
     ids = [(7 * j) % 400 + 3 for j in range(prompt_len)]
     prompt_pages = prompt_len // page
     samples: list[dict] = []
+    failed: list[str] = []  # queries that got no state: kept for the message, not fatal
     stop = threading.Event()
 
     def sample() -> None:
-        with httpx.Client(timeout=10) as http:
-            while not stop.is_set():
-                samples.append(http.get(f"{server.base_url}/debug/lifecycle").json()["scheduler"])
+        # a thread that raised would stop sampling silently and leave `samples` empty
+        while not stop.is_set():
+            try:
+                samples.append(server.lifecycle()["scheduler"])
+            except httpx.HTTPError as e:
+                failed.append(repr(e))
 
     before = scrape_metrics(server)
     sampler = threading.Thread(target=sample)
@@ -159,7 +163,7 @@ def test_n_choices_prefill_the_prompt_once_and_share_its_pages(server, client):
     assert metric(after, prompt_in) - metric(before, prompt_in) == prompt_len
 
     all_running = [s for s in samples if s["running"] == n]
-    assert all_running, f"never saw the {n} choices decode together: {samples}"
+    assert all_running, f"never saw the {n} choices decode together: {samples}, {failed}"
     # n separate copies would hold n * prompt_pages pages for the prompts alone; shared,
     # the prompt is held once, each choice adds its own copy of the prompt's last page
     # and the pages of its own output
